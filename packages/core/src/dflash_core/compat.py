@@ -1,0 +1,69 @@
+"""Checks made when a drafter meets a target, before any generation.
+
+Each mismatch is one sentence naming both values. `ensure_mask_token` makes the tokenizer know the
+mask token, adding `<|MASK|>` when it lacks one (and saying so), as the published drafters expect.
+"""
+
+from __future__ import annotations
+
+from .config import DFlashConfig
+from .errors import CompatibilityError
+from .target import TargetModel
+
+MASK_TOKEN = "<|MASK|>"
+
+
+def check_compatibility(config: DFlashConfig, target: TargetModel) -> None:
+    """Raise CompatibilityError on the first way the drafter and target do not fit."""
+    if config.hidden_size != target.hidden_size:
+        raise CompatibilityError(
+            f"drafter hidden_size is {config.hidden_size} but the target's is {target.hidden_size}: "
+            "a DFlash drafter must have the target's width."
+        )
+    expected_fc = len(config.target_layer_ids) * target.hidden_size
+    if config.fc_in_features != expected_fc:
+        raise CompatibilityError(
+            f"drafter fc takes {config.fc_in_features} features but {len(config.target_layer_ids)} target layers "
+            f"of width {target.hidden_size} give {expected_fc}."
+        )
+    if config.num_target_layers is not None and config.num_target_layers != target.num_layers:
+        raise CompatibilityError(
+            f"drafter was made for a {config.num_target_layers}-layer target but this target has "
+            f"{target.num_layers} layers."
+        )
+    bad = [i for i in config.target_layer_ids if i >= target.num_layers]
+    if bad:
+        raise CompatibilityError(
+            f"drafter target_layer_ids {list(config.target_layer_ids)} reach layer {bad[0]} but the target has "
+            f"{target.num_layers} layers."
+        )
+    if config.mask_token_id >= target.vocab_size:
+        raise CompatibilityError(
+            f"drafter mask_token_id is {config.mask_token_id} but the target's embedding has only "
+            f"{target.vocab_size} rows."
+        )
+
+
+def ensure_mask_token(tokenizer, config: DFlashConfig) -> str | None:
+    """Make sure the tokenizer agrees with the drafter's mask token; returns a note when it changed.
+
+    Raises when the tokenizer knows `<|MASK|>` under another id.
+    """
+    vocab = tokenizer.get_vocab()
+    mask_id = config.mask_token_id
+    if MASK_TOKEN in vocab:
+        if vocab[MASK_TOKEN] != mask_id:
+            raise CompatibilityError(
+                f"the tokenizer has {MASK_TOKEN} as id {vocab[MASK_TOKEN]} but the drafter's mask_token_id is {mask_id}."
+            )
+        return None
+    if mask_id == len(tokenizer):
+        tokenizer.add_special_tokens({"additional_special_tokens": [MASK_TOKEN]}, replace_extra_special_tokens=False)
+        if tokenizer.convert_tokens_to_ids(MASK_TOKEN) != mask_id:
+            raise CompatibilityError(f"adding {MASK_TOKEN} to the tokenizer did not give id {mask_id}.")
+        return f"the tokenizer had no mask token: added {MASK_TOKEN} as id {mask_id}."
+    if mask_id < len(tokenizer):
+        token = tokenizer.convert_ids_to_tokens(mask_id)
+        return f"the tokenizer has no {MASK_TOKEN}; the drafter's mask_token_id {mask_id} is the existing token {token!r}."
+    return (f"the tokenizer has no {MASK_TOKEN} and only {len(tokenizer)} entries; mask_token_id {mask_id} "
+            "is used as an embedding row only.")

@@ -1,0 +1,252 @@
+"""`Drafter`: the nn.Module that holds a DFlash drafter's weights under their published names.
+
+The math lives in `graph.py`; this module only owns parameters, builds the fused views the math
+takes, and reads/writes the published checkpoint format.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from . import graph
+from .checkpoint import check_drafter_tensors, load_tensors, save_tensors
+from .config import DFlashConfig
+from .draft_cache import DraftKVCache
+from .errors import CheckpointError
+from .masks import block_attention_mask, window_mask
+from .rope import rope_frequencies
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    """torch dtype from a torch dtype, a config string ('bfloat16') or a short name ('bf16')."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    aliases = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
+    name = aliases.get(str(dtype), str(dtype))
+    if name not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of fp32, bf16, fp16")
+    return _DTYPES[name]
+
+
+class _Norm(nn.Module):
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+
+
+def _linear(in_features: int, out_features: int) -> nn.Linear:
+    return nn.Linear(in_features, out_features, bias=False)
+
+
+class _Attention(nn.Module):
+    def __init__(self, c: DFlashConfig) -> None:
+        super().__init__()
+        self.q_proj = _linear(c.hidden_size, c.q_size)
+        self.k_proj = _linear(c.hidden_size, c.kv_size)
+        self.v_proj = _linear(c.hidden_size, c.kv_size)
+        self.o_proj = _linear(c.q_size, c.hidden_size)
+        self.q_norm = _Norm(c.head_dim)
+        self.k_norm = _Norm(c.head_dim)
+
+
+class _MLP(nn.Module):
+    def __init__(self, c: DFlashConfig) -> None:
+        super().__init__()
+        self.gate_proj = _linear(c.hidden_size, c.intermediate_size)
+        self.up_proj = _linear(c.hidden_size, c.intermediate_size)
+        self.down_proj = _linear(c.intermediate_size, c.hidden_size)
+
+
+class _Layer(nn.Module):
+    def __init__(self, c: DFlashConfig) -> None:
+        super().__init__()
+        self.input_layernorm = _Norm(c.hidden_size)
+        self.post_attention_layernorm = _Norm(c.hidden_size)
+        self.self_attn = _Attention(c)
+        self.mlp = _MLP(c)
+
+
+class Drafter(nn.Module):
+    """A DFlash drafter: draft layers, `fc` and norms; embedding and LM head come from the target."""
+
+    def __init__(self, config: DFlashConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.fc = _linear(config.fc_in_features, config.hidden_size)
+        self.hidden_norm = _Norm(config.hidden_size)
+        self.norm = _Norm(config.hidden_size)
+        self.layers = nn.ModuleList(_Layer(config) for _ in range(config.num_hidden_layers))
+        inv_freq, scaling = rope_frequencies(config)
+        # fp32 on purpose and not a buffer: `.to(bfloat16)` must never round the RoPE frequencies
+        self._inv_freq = inv_freq
+        self.dims = graph.DrafterDims(
+            num_heads=config.num_attention_heads,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=config.head_dim,
+            eps=config.rms_norm_eps,
+            rope_scaling=scaling,
+            windows=tuple(config.layer_window(i) for i in range(config.num_hidden_layers)),
+        )
+        self._fused: tuple[tuple, graph.DrafterWeights] | None = None
+
+    # ---- weights -----------------------------------------------------------------------------
+    def reset_parameters(self, std: float = 0.02, generator: torch.Generator | None = None) -> None:
+        """Normal(0, std) projections and unit norms (a fresh, untrained drafter)."""
+        with torch.no_grad():
+            for name, param in self.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.fill_(1.0)
+                else:
+                    param.copy_(torch.randn(param.shape, generator=generator) * std)
+
+    def weights(self) -> graph.DrafterWeights:
+        """The tensors `graph` needs. Fusions are rebuilt while training, cached at inference."""
+        key = tuple((p.data_ptr(), p._version) for p in self.parameters())
+        if not torch.is_grad_enabled() and self._fused is not None and self._fused[0] == key:
+            return self._fused[1]
+        layers = tuple(
+            graph.LayerWeights(
+                input_norm=layer.input_layernorm.weight,
+                post_norm=layer.post_attention_layernorm.weight,
+                qkv=torch.cat([layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight,
+                               layer.self_attn.v_proj.weight]),
+                o=layer.self_attn.o_proj.weight,
+                q_norm=layer.self_attn.q_norm.weight,
+                k_norm=layer.self_attn.k_norm.weight,
+                gate_up=torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]),
+                down=layer.mlp.down_proj.weight,
+            )
+            for layer in self.layers
+        )
+        weights = graph.DrafterWeights(
+            fc=self.fc.weight,
+            hidden_norm=self.hidden_norm.weight,
+            norm=self.norm.weight,
+            context_kv=torch.cat(
+                [w for layer in self.layers for w in (layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight)]
+            ),
+            context_k_norm=torch.stack([layer.self_attn.k_norm.weight for layer in self.layers]),
+            inv_freq=self._inv_freq.to(self.device),
+            layers=layers,
+        )
+        if not torch.is_grad_enabled():
+            self._fused = (key, weights)
+        return weights
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    # ---- forward -----------------------------------------------------------------------------
+    def forward(
+        self,
+        noise_embedding: torch.Tensor,
+        target_hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        """No-cache forward, as the published model computes it.
+
+        noise_embedding [B, Q, H]: target embedding of [last verified token, MASK, ...]
+        target_hidden   [B, C, n*H]: concatenated target features of the C context tokens
+        position_ids    [B, C + Q]: context positions, then block positions
+        returns         [B, Q, H]: final-normed hidden states (apply the target's lm_head for logits)
+        """
+        _check_forward_shapes(self.config, noise_embedding, target_hidden, position_ids)
+        ctx = target_hidden.shape[1]
+        w = self.weights()
+        ctx_k, ctx_v = graph.inject_context(w, self.dims, target_hidden, position_ids[:, :ctx])
+        block_pos = position_ids[:, ctx:]
+        masks = [
+            None if window is None else window_mask(block_pos, position_ids, window)
+            for window in self.dims.windows
+        ]
+        return graph.draft_forward(w, self.dims, noise_embedding, block_pos, ctx_k, ctx_v, masks)
+
+    # ---- cached path (decoding) --------------------------------------------------------------
+    def new_cache(self, batch: int, capacity: int) -> DraftKVCache:
+        c = self.config
+        return DraftKVCache(c.num_hidden_layers, batch, c.num_key_value_heads, c.head_dim, capacity,
+                            self.device, self.dtype)
+
+    def extend_cache(self, cache: DraftKVCache, target_hidden: torch.Tensor, positions: torch.Tensor,
+                     counts: list[int]) -> None:
+        """Project the features of newly accepted tokens [B, n, n_feat*H] once and append them."""
+        k, v = graph.inject_context(self.weights(), self.dims, target_hidden, positions)
+        cache.append(k, v, counts)
+
+    def draft_with_cache(self, cache: DraftKVCache, noise_embedding: torch.Tensor,
+                         block_positions: torch.Tensor) -> torch.Tensor:
+        """Block forward over the cached context; noise [B, Q, H], positions [B, Q] -> [B, Q, H]."""
+        ctx_k, ctx_v = cache.context()
+        masks = self._cache_masks(cache, block_positions)
+        return graph.draft_forward(self.weights(), self.dims, noise_embedding, block_positions, ctx_k, ctx_v, masks)
+
+    def _cache_masks(self, cache: DraftKVCache, block_positions: torch.Tensor) -> list[torch.Tensor | None]:
+        needs_window = any(w is not None and w < cache.max_length + block_positions.shape[1]
+                           for w in self.dims.windows)
+        if not cache.is_ragged() and not needs_window:
+            return [None] * len(self.dims.windows)
+        ctx_pos = torch.arange(cache.max_length, device=block_positions.device).expand(block_positions.shape[0], -1)
+        valid = cache.valid()
+        anchors = block_positions[:, :1]
+        built: dict[int | None, torch.Tensor] = {}
+        for window in set(self.dims.windows):
+            built[window] = block_attention_mask(ctx_pos, valid, anchors, block_positions.shape[1], window)
+        return [built[w] for w in self.dims.windows]
+
+    # ---- checkpoint I/O ------------------------------------------------------------------------
+    def save_pretrained(self, path: str | os.PathLike, *, max_shard_bytes: int | None = None,
+                        dtype: torch.dtype | str | None = None) -> None:
+        """Write config.json + model.safetensors (or shards + index) in the published format."""
+        dtype = resolve_dtype(dtype) or self.dtype
+        name = {v: k for k, v in _DTYPES.items()}[dtype]
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        tensors = {k: v.to(dtype) for k, v in self.state_dict().items()}
+        save_tensors(path, tensors, max_shard_bytes=max_shard_bytes)
+        self.config.replace(dtype=name).save_pretrained(path)
+
+
+def load_drafter(path: str | os.PathLike, device: torch.device | str = "cpu",
+                 dtype: torch.dtype | str | None = None) -> Drafter:
+    """Load a published-format drafter directory (safetensors + JSON only; no pickle, no remote code).
+
+    `dtype` None keeps the checkpoint's own precision.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path} is not a directory: expected a drafter directory with config.json.")
+    config = DFlashConfig.from_pretrained(path)
+    tensors = check_drafter_tensors(load_tensors(path), config, str(path))
+    dtype = resolve_dtype(dtype) or tensors["fc.weight"].dtype
+    with torch.device("meta"):
+        drafter = Drafter(config)
+    drafter = drafter.to_empty(device=device).to(dtype)
+    drafter._inv_freq = rope_frequencies(config)[0]
+    drafter.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=True)
+    return drafter.eval().requires_grad_(False)
+
+
+def _check_forward_shapes(c: DFlashConfig, noise: torch.Tensor, target_hidden: torch.Tensor,
+                          position_ids: torch.Tensor) -> None:
+    if noise.ndim != 3 or noise.shape[-1] != c.hidden_size:
+        raise ValueError(f"noise_embedding has shape {list(noise.shape)}, expected [B, Q, {c.hidden_size}]")
+    batch, q_len = noise.shape[:2]
+    if target_hidden.ndim != 3 or target_hidden.shape[0] != batch or target_hidden.shape[-1] != c.fc_in_features:
+        raise ValueError(
+            f"target_hidden has shape {list(target_hidden.shape)}, expected [{batch}, C, {c.fc_in_features}] "
+            f"({c.num_feature_layers} target layers x hidden {c.hidden_size})"
+        )
+    expected = [batch, target_hidden.shape[1] + q_len]
+    if list(position_ids.shape) != expected:
+        raise ValueError(f"position_ids has shape {list(position_ids.shape)}, expected {expected} (context + block)")

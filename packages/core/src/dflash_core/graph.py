@@ -1,0 +1,156 @@
+"""The drafter's math, written once: KV injection and the block-diffusion forward.
+
+Every input is explicit (weights, positions, masks), so eager torch, the training loop, the ONNX
+export and engine adapters all call these same functions. Shapes use
+  B batch, C context tokens, Q block (query) tokens, H hidden, L draft layers,
+  h query heads, g key/value heads, d head_dim, n target feature layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .rope import apply_rope, rope_cos_sin
+
+
+class LayerWeights(NamedTuple):
+    """One draft decoder layer (Qwen3 layout, q/k/v and gate/up fused for the block path)."""
+
+    input_norm: torch.Tensor  # [H]
+    post_norm: torch.Tensor  # [H]
+    qkv: torch.Tensor  # [(h + 2g) * d, H]
+    o: torch.Tensor  # [H, h * d]
+    q_norm: torch.Tensor  # [d]
+    k_norm: torch.Tensor  # [d]
+    gate_up: torch.Tensor  # [2 * I, H]
+    down: torch.Tensor  # [H, I]
+
+
+class DrafterWeights(NamedTuple):
+    """All tensors the drafter's forward needs; views or fusions of the module's parameters."""
+
+    fc: torch.Tensor  # [H, n * H]
+    hidden_norm: torch.Tensor  # [H]
+    norm: torch.Tensor  # [H]
+    context_kv: torch.Tensor  # [L * 2 * g * d, H]: per layer, k_proj rows then v_proj rows
+    context_k_norm: torch.Tensor  # [L, d]: each layer's k_norm, stacked
+    inv_freq: torch.Tensor  # [d / 2] fp32 RoPE inverse frequencies
+    layers: tuple[LayerWeights, ...]
+
+
+@dataclass(frozen=True)
+class DrafterDims:
+    """Static sizes the math needs besides the tensors."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    eps: float
+    rope_scaling: float  # attention scaling of cos/sin (1.0 for plain RoPE)
+    windows: tuple[int | None, ...]  # per draft layer: sliding window or None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last axis, computed in fp32 and cast back (as Qwen3RMSNorm does)."""
+    dtype = x.dtype
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(dtype)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """Softmax attention, non-causal; `mask` [B, 1, Q, K] boolean (True = visible) or None.
+
+    q [B, h, Q, d], k/v [B, g, K, d] -> [B, h, Q, d]. Exporters get the explicit formula (plain
+    MatMul/Softmax in ONNX); eager torch gets the fused kernel.
+    """
+    groups = q.shape[1] // k.shape[1]
+    if torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling():
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return torch.matmul(scores.softmax(dim=-1).to(v.dtype), v)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=groups > 1)
+
+
+def project_features(w: DrafterWeights, dims: DrafterDims, target_hidden: torch.Tensor) -> torch.Tensor:
+    """Target features [B, C, n*H] -> drafter width [B, C, H]: fc then hidden_norm."""
+    return rms_norm(F.linear(target_hidden, w.fc), w.hidden_norm, dims.eps)
+
+
+def inject_context(
+    w: DrafterWeights, dims: DrafterDims, target_hidden: torch.Tensor, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """KV injection: target features -> context K/V of every draft layer in one fused projection.
+
+    target_hidden [B, C, n*H], positions [B, C] -> (k, v), each [L, B, g, C, d]; k is k_norm'ed and
+    rotated at the context positions, ready to sit in front of the block's own K/V.
+    """
+    batch, ctx, _ = target_hidden.shape
+    layers = len(w.layers)
+    hidden = project_features(w, dims, target_hidden)
+    kv = F.linear(hidden, w.context_kv).view(batch, ctx, layers, 2, dims.num_kv_heads, dims.head_dim)
+    kv = kv.permute(3, 2, 0, 4, 1, 5)  # [2, L, B, g, C, d]
+    k = rms_norm(kv[0], w.context_k_norm[:, None, None, None, :], dims.eps)
+    cos, sin = rope_cos_sin(positions, w.inv_freq, dims.rope_scaling, k.dtype)
+    k = apply_rope(k, cos[None, :, None], sin[None, :, None])
+    return k, kv[1]
+
+
+def draft_layer(
+    lw: LayerWeights,
+    dims: DrafterDims,
+    h: torch.Tensor,
+    ctx_k: torch.Tensor,
+    ctx_v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """One decoder layer over the block. h [B, Q, H]; ctx_k/ctx_v [B, g, C, d]; cos/sin [B, Q, d]."""
+    batch, q_len, _ = h.shape
+    heads, kv_heads, d = dims.num_heads, dims.num_kv_heads, dims.head_dim
+    x = rms_norm(h, lw.input_norm, dims.eps)
+    q, k, v = F.linear(x, lw.qkv).split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+    q = rms_norm(q.view(batch, q_len, heads, d), lw.q_norm, dims.eps).transpose(1, 2)
+    k = rms_norm(k.view(batch, q_len, kv_heads, d), lw.k_norm, dims.eps).transpose(1, 2)
+    v = v.view(batch, q_len, kv_heads, d).transpose(1, 2)
+    q = apply_rope(q, cos[:, None], sin[:, None])
+    k = apply_rope(k, cos[:, None], sin[:, None])
+    # keys/values: [injected target context ; block], queries: block only
+    k = torch.cat([ctx_k, k], dim=2)
+    v = torch.cat([ctx_v, v], dim=2)
+    out = attention(q, k, v, mask, d**-0.5)  # [B, h, Q, d]
+    h = h + F.linear(out.transpose(1, 2).reshape(batch, q_len, heads * d), lw.o)
+    x = rms_norm(h, lw.post_norm, dims.eps)
+    gate, up = F.linear(x, lw.gate_up).chunk(2, dim=-1)
+    return h + F.linear(F.silu(gate) * up, lw.down)
+
+
+def draft_forward(
+    w: DrafterWeights,
+    dims: DrafterDims,
+    noise_embedding: torch.Tensor,
+    block_positions: torch.Tensor,
+    ctx_k: torch.Tensor,
+    ctx_v: torch.Tensor,
+    masks: Sequence[torch.Tensor | None],
+) -> torch.Tensor:
+    """The block-diffusion pass: every block position at once, non-causal inside the block.
+
+    noise_embedding [B, Q, H] (target embedding of [anchor, MASK, ...]); block_positions [B, Q];
+    ctx_k/ctx_v [L, B, g, C, d] from `inject_context`; masks: per layer [B, 1, Q, C+Q] or None.
+    Returns the final-normed hidden states [B, Q, H].
+    """
+    cos, sin = rope_cos_sin(block_positions, w.inv_freq, dims.rope_scaling, noise_embedding.dtype)
+    h = noise_embedding
+    for i, lw in enumerate(w.layers):
+        h = draft_layer(lw, dims, h, ctx_k[i], ctx_v[i], cos, sin, masks[i])
+    return rms_norm(h, w.norm, dims.eps)

@@ -1,0 +1,61 @@
+"""Turning the target's logits into tokens: greedy, or temperature / top-k / top-p sampling.
+
+The warpers are applied in Hugging Face's order (temperature, then top-k, then top-p) with its
+top-p convention (keep the smallest set whose probability reaches top_p), so "the target's own
+sampling" means exactly what `generate(do_sample=True, ...)` does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import GenerationError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    """0 for greedy; > 0 divides the logits before sampling."""
+    top_p: float = 1.0
+    """Nucleus mass kept, in (0, 1]."""
+    top_k: int = 0
+    """Keep the k most likely tokens; 0 keeps all."""
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0):
+            raise GenerationError(f"temperature is {self.temperature}, expected a number >= 0.")
+        if not (0 < self.top_p <= 1):
+            raise GenerationError(f"top_p is {self.top_p}, expected a value in (0, 1].")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise GenerationError(f"top_k is {self.top_k!r}, expected an integer >= 0.")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """[..., V] logits -> fp32 logits with filtered tokens at -inf."""
+    scores = logits.float() / params.temperature
+    if params.top_k > 0 and params.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=False)
+        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        drop_sorted = cumulative <= 1 - params.top_p
+        drop_sorted[..., -1:] = False  # always keep the most likely token
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    return scores
+
+
+def choose_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per position: [..., V] -> [...]. Argmax when greedy, else a sample."""
+    if params.greedy:
+        return logits.argmax(dim=-1)
+    probs = warp_logits(logits, params).softmax(dim=-1)
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])

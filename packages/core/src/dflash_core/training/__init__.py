@@ -1,0 +1,1 @@
+"""The DFlash training recipe: target-aligned data, block-diffusion drafter training, resume."""

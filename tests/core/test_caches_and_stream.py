@@ -1,0 +1,72 @@
+"""Cache rollback keeps exactly the accepted entries; streaming yields what generate returns."""
+
+from __future__ import annotations
+
+import torch
+from dflash_core import TargetModel, generate, generate_stream
+from dflash_core.target_cache import TargetCache
+from tiny import drafter_config, tiny_drafter, tiny_target
+
+
+def _fresh_kv(model, tokens):
+    target = TargetModel(model)
+    cache = TargetCache(1)
+    with torch.no_grad():
+        target(torch.tensor([tokens]), torch.arange(len(tokens))[None], cache.cache)
+    return [(layer.keys[0], layer.values[0]) for layer in cache.cache.layers]
+
+
+def test_ragged_rollback_equals_prefill_of_accepted_tokens():
+    """Rows keep different numbers of a verified block; each row's cache equals a fresh prefill."""
+    model = tiny_target(vocab=32, layers=3)
+    target = TargetModel(model)
+    prompts = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10]]
+    blocks = [[11, 12, 13, 14], [15, 16, 17, 18], [19, 20, 21, 22]]
+    keep = [1, 4, 2]
+    cache = TargetCache(3)
+    with torch.no_grad():
+        width = max(map(len, prompts))
+        ids = torch.tensor([p + [0] * (width - len(p)) for p in prompts])
+        pos = torch.arange(width).expand(3, -1)
+        valid = pos < torch.tensor([len(p) for p in prompts])[:, None]
+        target(ids, pos, cache.cache, cache.attention_mask(target, pos, valid))
+        cache.commit(width, [len(p) for p in prompts])
+        block_pos = torch.tensor(cache.lengths)[:, None] + torch.arange(4)
+        target(torch.tensor(blocks), block_pos, cache.cache, cache.attention_mask(target, block_pos))
+        cache.commit(4, keep)
+    assert cache.lengths == [6, 6, 5] and cache.slots == 6
+    for layer in cache.cache.layers:  # memory: nothing beyond the longest row survives
+        assert layer.keys.shape[2] == 6
+    for row, (prompt, block, n) in enumerate(zip(prompts, blocks, keep)):
+        fresh = _fresh_kv(model, prompt + block[:n])
+        for layer, (k, v) in zip(cache.cache.layers, fresh):
+            length = len(prompt) + n
+            assert torch.allclose(layer.keys[row, :, :length], k, atol=1e-5)
+            assert torch.allclose(layer.values[row, :, :length], v, atol=1e-5)
+
+
+def test_stream_yields_exactly_what_generate_returns():
+    model = tiny_target(vocab=6, seed=4)
+    drafter = tiny_drafter(drafter_config(model, block_size=6), seed=4)
+    ids = torch.tensor([[1, 2, 3], [3, 2, 1]])
+    stream = generate_stream(model, drafter, ids, max_new_tokens=25)
+    pieces = [[], []]
+    steps = 0
+    for chunk in stream:
+        steps += 1
+        for row, tokens in enumerate(chunk):
+            pieces[row].extend(tokens)
+    expected = generate(model, drafter, ids, max_new_tokens=25)
+    assert pieces == expected.tokens == stream.result.tokens
+    assert steps == 1 + max(len(a) for a in expected.acceptance_lengths)
+    assert stream.result.acceptance_lengths == expected.acceptance_lengths
+
+
+def test_timings_are_reported():
+    model = tiny_target(vocab=16)
+    drafter = tiny_drafter(drafter_config(model, block_size=4))
+    result = generate(model, drafter, torch.tensor([[1, 2]]), max_new_tokens=12)
+    assert result.prefill_s > 0 and result.draft_s > 0 and result.verify_s > 0
+    assert result.decode_s >= result.draft_s + result.verify_s
+    assert result.tokens_per_s > 0 and len(result.tokens[0]) == 12
+    assert set(result.to_dict()) >= {"tokens", "tau", "acceptance_lengths", "tokens_per_s"}

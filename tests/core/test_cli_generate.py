@@ -1,0 +1,100 @@
+"""`dflash generate` end to end on a tiny model saved to disk."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tiny import save_tiny_pair
+
+from dflash_core.cli import main
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return save_tiny_pair(tmp_path_factory.mktemp("pair"))
+
+
+def _run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_json_with_compare_ar(pair, capsys):
+    target, drafter = pair
+    code, out, err = _run(capsys, "generate", "--target", str(target), "--drafter", str(drafter), "--prompt",
+                          "def main(", "--max-new-tokens", "24", "--dtype", "fp32", "--compare-ar", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert set(report) >= {"text", "tokens", "tau", "acceptance_lengths", "tokens_per_s", "ar_tokens_per_s",
+                           "speedup", "matches_ar"}
+    assert report["matches_ar"] is True
+    assert 0 < len(report["tokens"]) <= 24 and report["tau"] >= 1
+    assert sum(report["acceptance_lengths"]) + 1 == len(report["tokens"])
+
+
+def test_stream_prints_the_same_text(pair, capsys):
+    target, drafter = pair
+    args = ["generate", "--target", str(target), "--drafter", str(drafter), "--prompt", "import os\n",
+            "--max-new-tokens", "20", "--dtype", "fp32"]
+    code, streamed, _ = _run(capsys, *args, "--stream")
+    assert code == 0
+    code, _, _ = _run(capsys, *args, "--json")
+    code, out, _ = _run(capsys, *args, "--json")
+    assert streamed.rstrip("\n") == json.loads(out)["text"]
+
+
+def test_sampling_and_bf16(pair, capsys):
+    target, drafter = pair
+    code, out, err = _run(capsys, "generate", "--target", str(target), "--drafter", str(drafter), "--prompt", "x = ",
+                          "--max-new-tokens", "16", "--temperature", "0.8", "--top-p", "0.9", "--top-k", "20",
+                          "--seed", "1", "--json", "--compare-ar")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["matches_ar"] is None and len(report["tokens"]) <= 16
+
+
+@pytest.mark.parametrize("extra,pattern", [
+    (["--prompt", "   "], "the prompt is empty"),
+    (["--prompt", "x", "--max-new-tokens", "0"], "max_new_tokens is 0, expected an integer >= 1"),
+    (["--prompt", "x", "--temperature", "-1"], "temperature is -1.0, expected a number >= 0"),
+    (["--prompt", "x", "--top-p", "1.5"], r"top_p is 1.5, expected a value in \(0, 1\]"),
+    (["--prompt", "x", "--max-new-tokens", "5000"], "beyond the target's 512 positions"),
+    (["--prompt-file", "/nonexistent/prompt.txt"], "does not exist"),
+])
+def test_bad_input_exits_2_with_one_line(pair, capsys, extra, pattern):
+    import re
+
+    target, drafter = pair
+    code, out, err = _run(capsys, "generate", "--target", str(target), "--drafter", str(drafter), *extra)
+    assert code == 2
+    assert re.search(pattern, err), err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_mismatched_drafter_is_refused(tmp_path, capsys):
+    target, _ = save_tiny_pair(tmp_path / "a")
+    other = tmp_path / "b"
+    from tiny import drafter_config, tiny_drafter
+
+    tiny_drafter(drafter_config(hidden=48, heads=4, target_layers=4, vocab=300)).save_pretrained(other)
+    code, _, err = _run(capsys, "generate", "--target", str(target), "--drafter", str(other), "--prompt", "x")
+    assert code == 2 and "hidden_size is 48 but the target's is 32" in err
+
+
+def test_console_script_runs(pair):
+    """The installed `dflash` entry point, as a user runs it."""
+    target, drafter = pair
+    exe = [str(Path(sys.executable).parent / "dflash")]
+    done = subprocess.run([*exe, "generate", "--target", str(target), "--drafter", str(drafter),
+                           "--prompt", "class A:", "--max-new-tokens", "8", "--json", "--dtype", "fp32",
+                           "--threads", "1"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(done.stdout)["tokens"]) <= 8
+    bad = subprocess.run([*exe, "generate", "--target", str(target), "--drafter", "/nope", "--prompt", "x"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "/nope" in bad.stderr

@@ -1,0 +1,151 @@
+"""Sampling keeps the target's distribution: a chi-square test that can (and is shown to) fail.
+
+On a 4-token vocabulary the exact joint distribution of the first three generated tokens is
+enumerated from the target with Hugging Face's own warpers; 3,000 speculative samples are compared
+with it, and with 3,000 samples of `model.generate(do_sample=True)`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from dflash_core import GenerationError, generate
+from tiny import drafter_config, tiny_drafter, tiny_target
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+PROMPT = [1, 2, 3]
+STEPS = 3
+SAMPLES = 3000
+ALPHA = 1e-3  # false-alarm rate of each test
+
+
+def _warp(logits, temperature, top_k, top_p):
+    scores = TemperatureLogitsWarper(temperature)(None, logits)
+    if top_k:
+        scores = TopKLogitsWarper(top_k)(None, scores)
+    if top_p < 1:
+        scores = TopPLogitsWarper(top_p)(None, scores)
+    return scores
+
+
+@torch.no_grad()
+def exact_joint(model, temperature, top_k, top_p) -> dict[tuple[int, ...], float]:
+    vocab = model.config.vocab_size
+    probs = {(): 1.0}
+    for _ in range(STEPS):
+        prefixes = list(probs)
+        ids = torch.tensor([PROMPT + list(p) for p in prefixes])
+        logits = model(ids).logits[:, -1].double()
+        step = _warp(logits, temperature, top_k, top_p).softmax(-1)
+        probs = {p + (t,): probs[p] * step[i, t].item() for i, p in enumerate(prefixes) for t in range(vocab)}
+    return probs
+
+
+def chi_square_p(counts: Counter, expected: dict, total: int) -> float:
+    """Goodness of fit; cells expected < 5 times are pooled. Returns the p-value."""
+    big = [c for c, p in expected.items() if p * total >= 5]
+    observed = [counts[c] for c in big] + [total - sum(counts[c] for c in big)]
+    wanted = [expected[c] * total for c in big] + [total * (1 - sum(expected[c] for c in big))]
+    if wanted[-1] < 1e-9:
+        observed, wanted = observed[:-1], wanted[:-1]
+    stat = sum((o - e) ** 2 / e for o, e in zip(observed, wanted))
+    df = len(wanted) - 1
+    return torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
+                                   torch.tensor(stat / 2, dtype=torch.float64)).item()
+
+
+def homogeneity_p(a: Counter, b: Counter) -> float:
+    """Two-sample chi-square test that a and b come from one distribution."""
+    total_a, total_b = sum(a.values()), sum(b.values())
+    pooled = {c: (a[c] + b[c]) / (total_a + total_b) for c in set(a) | set(b)}
+    cells = [c for c, p in pooled.items() if p * min(total_a, total_b) >= 5]
+    rest = lambda n, cnt: n - sum(cnt[c] for c in cells)
+    stat = 0.0
+    for obs_a, obs_b, p in [(a[c], b[c], pooled[c]) for c in cells] + \
+            [(rest(total_a, a), rest(total_b, b), 1 - sum(pooled[c] for c in cells))]:
+        if p <= 1e-12:
+            continue
+        stat += (obs_a - p * total_a) ** 2 / (p * total_a) + (obs_b - p * total_b) ** 2 / (p * total_b)
+    df = len(cells)
+    return torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
+                                   torch.tensor(stat / 2, dtype=torch.float64)).item()
+
+
+@pytest.fixture(scope="module")
+def pair():
+    model = tiny_target(vocab=4, layers=3, seed=21)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(0.3)  # softer distribution: every sequence is plausible
+    drafter = tiny_drafter(drafter_config(model, block_size=4), seed=5)
+    return model, drafter
+
+
+def speculative_samples(model, drafter, temperature, top_k, top_p, seed=0):
+    ids = torch.tensor([PROMPT] * SAMPLES)
+    result = generate(model, drafter, ids, max_new_tokens=STEPS, temperature=temperature, top_k=top_k,
+                      top_p=top_p, seed=seed)
+    return Counter(tuple(t) for t in result.tokens), result
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.8, 3, 0.9), (1.3, 0, 0.8)])
+def test_speculative_sampling_matches_target_distribution(pair, temperature, top_k, top_p):
+    model, drafter = pair
+    expected = exact_joint(model, temperature, top_k, top_p)
+    counts, result = speculative_samples(model, drafter, temperature, top_k, top_p)
+    assert result.tau > 1.05, "drafts must really be accepted for this test to mean anything"
+    assert chi_square_p(counts, expected, SAMPLES) > ALPHA
+    torch.manual_seed(1)
+    hf = model.generate(torch.tensor([PROMPT] * SAMPLES), do_sample=True, temperature=temperature,
+                        top_k=top_k, top_p=top_p, max_new_tokens=STEPS, min_new_tokens=STEPS, pad_token_id=0)
+    hf_counts = Counter(tuple(t) for t in hf[:, len(PROMPT):].tolist())
+    assert chi_square_p(hf_counts, expected, SAMPLES) > ALPHA  # the exact distribution is right
+    assert homogeneity_p(counts, hf_counts) > ALPHA
+
+
+def test_the_test_can_fail(pair):
+    """A sampler with the wrong distribution (temperature 0.4 instead of 1.0) is rejected by both tests."""
+    model, drafter = pair
+    expected = exact_joint(model, 1.0, 0, 1.0)
+    wrong, _ = speculative_samples(model, drafter, 0.4, 0, 1.0)
+    right, _ = speculative_samples(model, drafter, 1.0, 0, 1.0, seed=9)
+    assert chi_square_p(wrong, expected, SAMPLES) < ALPHA
+    assert homogeneity_p(wrong, right) < ALPHA
+    # and a drafter-only sampler (accept every draft) is not the target's distribution either
+    greedy_draft = Counter({tuple(generate(model, drafter, torch.tensor([PROMPT]), max_new_tokens=STEPS).tokens[0]): SAMPLES})
+    assert chi_square_p(greedy_draft, expected, SAMPLES) < ALPHA
+
+
+def test_seed_reproduces_and_varies(pair):
+    model, drafter = pair
+    ids = torch.tensor([PROMPT] * 8)
+    a = generate(model, drafter, ids, max_new_tokens=20, temperature=1.0, seed=3).tokens
+    b = generate(model, drafter, ids, max_new_tokens=20, temperature=1.0, seed=3).tokens
+    c = generate(model, drafter, ids, max_new_tokens=20, temperature=1.0, seed=4).tokens
+    assert a == b and a != c
+
+
+@pytest.mark.parametrize("kwargs,pattern", [
+    (dict(temperature=-0.1), r"temperature is -0.1, expected a number >= 0"),
+    (dict(top_p=0.0), r"top_p is 0.0, expected a value in \(0, 1\]"),
+    (dict(top_p=1.5), r"top_p is 1.5"),
+    (dict(top_k=-1), r"top_k is -1, expected an integer >= 0"),
+    (dict(max_new_tokens=0), r"max_new_tokens is 0, expected an integer >= 1"),
+    (dict(max_new_tokens=600), r"prompt \(3 tokens\) plus max_new_tokens \(600\) is 603, beyond the target's 512"),
+])
+def test_bad_requests(pair, kwargs, pattern):
+    model, drafter = pair
+    args = {"max_new_tokens": 4, **kwargs}
+    with pytest.raises(GenerationError, match=pattern) as info:
+        generate(model, drafter, torch.tensor([PROMPT]), **args)
+    assert "\n" not in str(info.value)
+
+
+def test_empty_prompt(pair):
+    model, drafter = pair
+    with pytest.raises(GenerationError, match="prompt is empty"):
+        generate(model, drafter, torch.zeros(1, 0, dtype=torch.long), max_new_tokens=4)
+    with pytest.raises(GenerationError, match="row 1 is empty after removing padding"):
+        generate(model, drafter, torch.tensor([[1, 2], [0, 0]]), attention_mask=torch.tensor([[1, 1], [0, 0]]),
+                 max_new_tokens=4)
