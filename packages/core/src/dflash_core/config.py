@@ -100,6 +100,9 @@ class DFlashConfig:
         object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
         _validate(self)
 
+    def __deepcopy__(self, memo) -> "DFlashConfig":
+        return self  # immutable: copies of a drafter may share it
+
     # ---- derived sizes -------------------------------------------------------------------
     @property
     def num_feature_layers(self) -> int:

@@ -1,14 +1,81 @@
-"""`dflash train` (filled in by the training / benchmark modules)."""
+"""`dflash train`: train a DFlash drafter for a target (one process, or under torchrun)."""
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
+from ..training.data import read_prompts
+from ..training.recipe import TrainConfig
+from .common import add_runtime_args, apply_threads, load_target, load_tokenizer
+
 
 def add_parser(commands) -> None:
-    p = commands.add_parser("train", help="(not yet available)")
+    p = commands.add_parser("train", help="train a DFlash drafter (torchrun for several processes)")
+    p.add_argument("--target", required=True, help="Hugging Face target model directory (with tokenizer)")
+    p.add_argument("--data", required=True, help="data directory made by `dflash data`")
+    p.add_argument("--out", required=True, type=Path, help="drafter output (published format); resumes if present")
+    d = TrainConfig()
+    p.add_argument("--layers", type=int, default=d.draft_layers, help="draft layers")
+    p.add_argument("--block-size", type=int, default=d.block_size)
+    p.add_argument("--target-layer-ids", default=None, help="comma-separated target layers (default: reference spacing)")
+    p.add_argument("--anchors", type=int, default=d.anchors, help="anchor blocks per sequence")
+    p.add_argument("--gamma", type=float, default=None, help="loss decay (default: published value for the block)")
+    p.add_argument("--lr", type=float, default=d.learning_rate)
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--warmup-ratio", type=float, default=d.warmup_ratio)
+    p.add_argument("--epochs", type=float, default=d.epochs)
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per micro-batch per process")
+    p.add_argument("--grad-accum", type=int, default=d.grad_accum)
+    p.add_argument("--clip", type=float, default=d.grad_clip)
+    p.add_argument("--max-length", type=int, default=d.max_length)
+    p.add_argument("--no-bf16", action="store_true", help="train without bf16 autocast")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--checkpoint-every", type=int, default=100)
+    p.add_argument("--eval-prompts", default=None, help="JSONL held-out prompts for periodic tau")
+    p.add_argument("--eval-count", type=int, default=8, help="held-out prompts used per evaluation")
+    p.add_argument("--eval-every", type=int, default=0, help="evaluate tau every N steps (0: only at the end)")
+    p.add_argument("--eval-max-new-tokens", type=int, default=64)
+    p.add_argument("--save-dtype", choices=["bf16", "fp32", "fp16"], default="bf16")
+    p.add_argument("--no-progress", action="store_true")
+    add_runtime_args(p)
     p.set_defaults(run=run)
 
 
-def run(args) -> int:
-    from ..errors import DFlashError
+def _layer_ids(text: str | None):
+    from ..errors import ConfigError
 
-    raise DFlashError("this command is not available yet.")
+    if text is None:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"--target-layer-ids is {text!r}, expected comma-separated integers.") from None
+
+
+def run(args) -> int:
+    from ..training.trainer import RunOptions, Trainer, init_distributed, load_data
+
+    apply_threads(args.threads)
+    train = TrainConfig(draft_layers=args.layers, block_size=args.block_size, target_layer_ids=_layer_ids(
+        args.target_layer_ids), anchors=args.anchors, gamma=args.gamma, learning_rate=args.lr,
+        weight_decay=args.weight_decay, warmup_ratio=args.warmup_ratio, epochs=args.epochs, max_steps=args.max_steps,
+        batch_size=args.batch_size, grad_accum=args.grad_accum, grad_clip=args.clip, max_length=args.max_length,
+        bf16=not args.no_bf16, seed=args.seed)
+    place = init_distributed(args.device)
+    data = load_data(args.data)
+    eval_prompts = read_prompts(args.eval_prompts)[: args.eval_count] if args.eval_prompts else []
+    dtype = "fp32" if args.no_bf16 else args.dtype
+    target = load_target(args.target, (), dtype, str(place.device))
+    options = RunOptions(out=args.out, checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
+                         eval_prompts=eval_prompts, eval_max_new_tokens=args.eval_max_new_tokens,
+                         save_dtype=args.save_dtype, progress=not args.no_progress)
+    trainer = Trainer(target, load_tokenizer(args.target), data, train, options, place)
+    report = trainer.run()
+    if place.main:
+        summary = {k: report[k] for k in ("steps", "tau", "replicas_identical")} | {
+            "final_loss": report["history"][-1] if report["history"] else None, "out": str(args.out)}
+        print(json.dumps(summary), file=sys.stderr)
+    return 0

@@ -1,0 +1,272 @@
+"""The training loop: AdamW, warm-up + cosine, clipping, accumulation, bf16 autocast, DDP, exact resume.
+
+Runs as one process (CPU or one GPU) or under `torchrun` (DistributedDataParallel over gloo on CPU,
+NCCL on GPUs). Rank 0 writes checkpoints: the full training state (safetensors + JSON, atomic) in
+OUT/train_state and the current drafter in the published format in OUT.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from ..decoding import generate
+from ..drafter import Drafter
+from ..errors import CompatibilityError, ConfigError, DataError
+from ..target import TargetModel
+from .batches import make_batch, micro_positions
+from .checkpointing import has_training_state, load_training_state, save_training_state
+from .data import TokenDataset
+from .objective import TrainingObjective
+from .recipe import TrainConfig, drafter_config_for
+from .schedule import warmup_cosine
+
+STATE_DIR = "train_state"
+MASK_TOKEN = "<|MASK|>"
+
+
+@dataclass
+class RunOptions:
+    """Knobs that do not change the math (may differ on resume)."""
+
+    out: Path
+    checkpoint_every: int = 100
+    eval_every: int = 0
+    eval_prompts: list[str] = field(default_factory=list)
+    eval_max_new_tokens: int = 64
+    save_dtype: str = "bf16"
+    progress: bool = True
+
+
+@dataclass
+class Distributed:
+    rank: int = 0
+    world: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device: str = "cpu") -> Distributed:
+    """Join the process group torchrun set up (gloo on CPU, NCCL on CUDA); a no-op for one process."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return Distributed(device=torch.device(device))
+    cuda = device.startswith("cuda")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if cuda else "gloo")
+    dev = torch.device(f"cuda:{local}") if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(dev)
+    return Distributed(rank=dist.get_rank(), world=dist.get_world_size(), device=dev)
+
+
+def mask_token_for_training(tokenizer, target: TargetModel) -> int:
+    """The id of `<|MASK|>`, added to the tokenizer when absent; it must be a row of the target's embedding."""
+    vocab = tokenizer.get_vocab()
+    token_id = vocab.get(MASK_TOKEN)
+    if token_id is None:
+        tokenizer.add_special_tokens({"additional_special_tokens": [MASK_TOKEN]}, replace_extra_special_tokens=False)
+        token_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
+    if token_id >= target.vocab_size:
+        raise CompatibilityError(
+            f"{MASK_TOKEN} would be id {token_id} but the target's embedding has {target.vocab_size} rows: "
+            "resize the target's embeddings (or give a tokenizer whose vocabulary has a spare row)."
+        )
+    return token_id
+
+
+def data_fingerprint(data: TokenDataset) -> str:
+    shards = "".join(s["sha256"] for s in data.index.get("shards", []))
+    return hashlib.sha256(shards.encode()).hexdigest()[:16]
+
+
+class Trainer:
+    def __init__(self, target: TargetModel, tokenizer, data: TokenDataset, train: TrainConfig, options: RunOptions,
+                 place: Distributed) -> None:
+        self.target, self.data, self.train, self.options, self.place = target, data, train, options, place
+        self.tokenizer = tokenizer
+        target.model.requires_grad_(False)
+        self.mask_id = mask_token_for_training(tokenizer, target)
+        self.drafter = Drafter(drafter_config_for(target, self.mask_id, train)).to(place.device)
+        self.drafter.reset_parameters(train.init_std, torch.Generator().manual_seed(train.seed))
+        self.drafter.requires_grad_(True).train()
+        target.set_layer_ids(self.drafter.config.target_layer_ids)
+        self.objective = TrainingObjective(self.drafter, target, train.loss_gamma)
+        self.model = self.objective
+        if place.world > 1:
+            self.model = torch.nn.parallel.DistributedDataParallel(self.objective)
+        self.optimizer = torch.optim.AdamW(self.drafter.parameters(), lr=train.learning_rate, betas=(0.9, 0.95),
+                                           weight_decay=train.weight_decay)
+        self.global_batch = train.batch_size * train.grad_accum * place.world
+        epochs_steps = math.ceil(len(data) * train.epochs / self.global_batch)
+        self.total_steps = train.max_steps or max(1, epochs_steps)
+        self.warmup = int(train.warmup_ratio * self.total_steps)
+        self.state_dir = options.out / STATE_DIR
+        self.step = 0
+        self.history: list[float] = []
+        self.tau_history: list[tuple[int, float]] = []
+        self.autocast = train.bf16 and place.device.type in ("cpu", "cuda")
+
+    # ---- resume ----------------------------------------------------------------------------------
+    def resume_if_possible(self) -> bool:
+        if not has_training_state(self.state_dir):
+            return False
+        weights, meta = load_training_state(self.state_dir, self.optimizer)
+        differ = self.train.differences(meta["train"])
+        if meta.get("drafter") != self.drafter.config.to_dict():
+            differ.append("drafter config")
+        if meta.get("data") != data_fingerprint(self.data):
+            differ.append("data")
+        if differ:
+            raise ConfigError(
+                f"cannot resume from {self.state_dir}: the saved run differs in {', '.join(differ)}; "
+                "use the same settings or another --out."
+            )
+        self.drafter.load_state_dict(weights)
+        self.step = meta["step"]
+        self.history = meta["history"]
+        self.tau_history = [tuple(t) for t in meta.get("tau_history", [])]
+        return True
+
+    # ---- one optimizer step ------------------------------------------------------------------------
+    def _micro_batch(self, micro: int):
+        positions = micro_positions(self.step, micro, self.place.rank, self.train.batch_size, self.train.grad_accum,
+                                    self.place.world)
+        batch = make_batch(self.data, positions, anchors=self.train.anchors, block_size=self.train.block_size,
+                           max_length=self.train.max_length, seed=self.train.seed)
+        return _to_device(batch, self.place.device)
+
+    def train_step(self) -> dict:
+        lr = warmup_cosine(self.step, self.total_steps, self.warmup, self.train.learning_rate,
+                           self.train.min_lr_ratio)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        totals = {"loss": 0.0, "tau_est": 0.0, "acc1": 0.0}
+        for micro in range(self.train.grad_accum):
+            batch = self._micro_batch(micro)
+            with torch.no_grad():
+                positions = torch.arange(batch.tokens.shape[1], device=batch.tokens.device).expand_as(batch.tokens)
+                features = self.target(batch.tokens, positions, None, batch.valid.long()).features
+            if not self.autocast:
+                features = features.float()
+            sync = micro == self.train.grad_accum - 1 or self.place.world == 1
+            with _maybe_no_sync(self.model, sync), torch.autocast(self.place.device.type, dtype=torch.bfloat16,
+                                                                  enabled=self.autocast):
+                loss, stats = self.model(features, batch)
+                (loss / self.train.grad_accum).backward()
+            for key in totals:
+                totals[key] += (loss.item() if key == "loss" else stats[key]) / self.train.grad_accum
+        if not math.isfinite(totals["loss"]):
+            raise FloatingPointError(f"training loss became {totals['loss']} at step {self.step}")
+        torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.train.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.history.append(totals["loss"])
+        return totals | {"lr": lr}
+
+    # ---- the run -----------------------------------------------------------------------------------
+    def run(self) -> dict:
+        self.resume_if_possible()
+        bar = tqdm(total=self.total_steps, initial=self.step, desc="train drafter", dynamic_ncols=True,
+                   disable=not (self.options.progress and self.place.main))
+        ema: dict[str, float] = {}
+        while self.step < self.total_steps:
+            stats = self.train_step()
+            for key in ("loss", "tau_est"):
+                ema[key] = stats[key] if key not in ema else 0.9 * ema[key] + 0.1 * stats[key]
+            postfix = {"loss": f"{ema['loss']:.3f}", "accept~": f"{ema['tau_est']:.2f}", "lr": f"{stats['lr']:.1e}"}
+            if self.options.eval_every and self.step % self.options.eval_every == 0:
+                postfix["tau"] = f"{self.evaluate():.2f}"
+            bar.set_postfix(postfix)
+            bar.update(1)
+            if self.step % self.options.checkpoint_every == 0 and self.step < self.total_steps:
+                self.checkpoint()
+        bar.close()
+        replicas = self.check_replicas()
+        final_tau = self.evaluate() if self.options.eval_prompts else None
+        self.checkpoint()
+        return {"steps": self.step, "history": self.history, "tau": final_tau, "tau_history": self.tau_history,
+                "replicas_identical": replicas}
+
+    def checkpoint(self) -> None:
+        if self.place.main:
+            meta = {"step": self.step, "train": self.train.to_dict(), "drafter": self.drafter.config.to_dict(),
+                    "data": data_fingerprint(self.data), "history": self.history, "tau_history": self.tau_history,
+                    "world_size": self.place.world}
+            save_training_state(self.state_dir, dict(self.drafter.state_dict()), self.optimizer, meta)
+            self.drafter.save_pretrained(self.options.out, dtype=self.options.save_dtype)
+        if self.place.world > 1:
+            dist.barrier()
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean acceptance length of the real decoder (greedy) on the held-out prompts."""
+        tau = float("nan")
+        if self.place.main and self.options.eval_prompts:
+            drafter = copy.deepcopy(self.drafter).to(self.target.dtype).eval()
+            lengths = []
+            for prompt in self.options.eval_prompts:
+                ids = self.tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"][:, -512:]
+                result = generate(self.target, drafter, ids.to(self.place.device),
+                                  max_new_tokens=self.options.eval_max_new_tokens)
+                lengths.extend(result.acceptance_lengths[0])
+            tau = sum(lengths) / max(1, len(lengths))
+            self.tau_history.append((self.step, tau))
+            self.drafter.train()
+        if self.place.world > 1:
+            dist.barrier()
+        return tau
+
+    def check_replicas(self) -> bool | None:
+        """Under DDP, every rank's drafter must be bit-identical: compare parameter digests."""
+        if self.place.world == 1:
+            return None
+        digest = hashlib.sha256()
+        for p in self.drafter.parameters():
+            digest.update(p.detach().cpu().float().numpy().tobytes())
+        mine = torch.tensor(list(digest.digest()[:16]), dtype=torch.int64, device=self.place.device)
+        everyone = [torch.zeros_like(mine) for _ in range(self.place.world)]
+        dist.all_gather(everyone, mine)
+        same = all(torch.equal(everyone[0], other) for other in everyone)
+        if not same:
+            raise RuntimeError("DDP replicas diverged: drafter parameters differ across ranks")
+        return same
+
+
+class _maybe_no_sync:
+    """`DistributedDataParallel.no_sync()` on accumulation micro-batches, nothing otherwise."""
+
+    def __init__(self, model, sync: bool) -> None:
+        self.context = None if sync or not hasattr(model, "no_sync") else model.no_sync()
+
+    def __enter__(self):
+        return self.context.__enter__() if self.context else None
+
+    def __exit__(self, *exc):
+        return self.context.__exit__(*exc) if self.context else False
+
+
+def _to_device(batch, device: torch.device):
+    for name, value in vars(batch).items():
+        setattr(batch, name, value.to(device))
+    return batch
+
+
+def load_data(path: str | Path) -> TokenDataset:
+    data = TokenDataset(path)
+    if len(data) == 0:
+        raise DataError(f"data set {path} holds no samples.")
+    return data
