@@ -22,7 +22,6 @@ import torch
 
 from .compat import check_compatibility
 from .drafter import Drafter
-from .errors import CompatibilityError
 from .request import check_request, commit_tokens, split_prompts, sync_device
 from .sampling import SamplingParams, choose_tokens
 from .target import TargetModel
@@ -133,11 +132,7 @@ def as_target(target, drafter: Drafter) -> TargetModel:
     check_compatibility(drafter.config, target)
     if target.layer_ids != drafter.config.target_layer_ids:
         target = TargetModel(target.model, drafter.config.target_layer_ids)
-    if target.dtype != drafter.dtype or target.device != drafter.device:
-        raise CompatibilityError(
-            f"drafter is {drafter.dtype} on {drafter.device} but the target is {target.dtype} on {target.device}: "
-            "load both in the same precision on the same device."
-        )
+    drafter.check_runtime(target)
     return target
 
 
@@ -220,8 +215,7 @@ class _Decoder:
 
     def _draft(self, positions: torch.Tensor) -> torch.Tensor:
         block_ids = torch.cat([self.rows.last[:, None], self.masks.expand(len(self.rows.ids), -1)], dim=1)
-        hidden = self.drafter.draft_with_cache(self.dcache, self.target.embed(block_ids), positions)
-        return self.target.logits(hidden[:, 1:]).argmax(dim=-1)
+        return self.drafter.propose(self.dcache, self.target.embed(block_ids), positions, self.target.logits)
 
     def _emit(self, new_tokens: list[list[int]], verified: bool) -> list[list[int]]:
         """Record each active row's committed tokens; retire rows that stopped or hit the limit."""

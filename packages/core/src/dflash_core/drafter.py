@@ -16,7 +16,7 @@ from . import graph
 from .checkpoint import check_drafter_tensors, load_tensors, save_tensors
 from .config import DFlashConfig
 from .draft_cache import DraftKVCache
-from .errors import CheckpointError
+from .errors import CheckpointError, CompatibilityError
 from .masks import block_attention_mask, window_mask
 from .rope import rope_frequencies
 
@@ -190,6 +190,20 @@ class Drafter(nn.Module):
         ctx_k, ctx_v = cache.context()
         masks = self._cache_masks(cache, block_positions)
         return graph.draft_forward(self.weights(), self.dims, noise_embedding, block_positions, ctx_k, ctx_v, masks)
+
+    def propose(self, cache: DraftKVCache, noise_embedding: torch.Tensor, block_positions: torch.Tensor,
+                lm_head) -> torch.Tensor:
+        """Draft tokens [B, Q-1]: argmax of the target's `lm_head` at block positions 1..Q-1."""
+        hidden = self.draft_with_cache(cache, noise_embedding, block_positions)
+        return lm_head(hidden[:, 1:]).argmax(dim=-1)
+
+    def check_runtime(self, target) -> None:
+        """The target feeds embeddings and features straight in: same precision, same device."""
+        if target.dtype != self.dtype or target.device != self.device:
+            raise CompatibilityError(
+                f"drafter is {self.dtype} on {self.device} but the target is {target.dtype} on {target.device}: "
+                "load both in the same precision on the same device."
+            )
 
     def _cache_masks(self, cache: DraftKVCache, block_positions: torch.Tensor) -> list[torch.Tensor | None]:
         needs_window = any(w is not None and w < cache.max_length + block_positions.shape[1]

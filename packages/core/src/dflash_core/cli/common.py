@@ -67,11 +67,21 @@ class Pair:
     notes: list[str]
 
 
-def load_pair(target_dir, drafter_dir, dtype: str, device: str) -> Pair:
-    """Drafter and target loaded in one precision, checked against each other before anything runs."""
-    drafter = load_drafter(drafter_dir, device=device, dtype=dtype)
+def load_pair(target_dir, drafter_dir, dtype: str, device: str, backend: str = "torch", threads: int = 0) -> Pair:
+    """Drafter and target loaded in one precision, checked against each other before anything runs.
+
+    backend "onnxruntime" runs an exported drafter graph (a .onnx file or a `dflash-convert --to onnx`
+    directory) with ONNX Runtime on the CPU; the target stays in torch.
+    """
+    if backend == "onnxruntime":
+        from ..ort_drafter import load_onnx_drafter
+
+        drafter = load_onnx_drafter(drafter_dir, threads=threads)
+    else:
+        drafter = load_drafter(drafter_dir, device=device, dtype=dtype)
     target = load_target(target_dir, drafter.config.target_layer_ids, dtype, device)
     check_compatibility(drafter.config, target)
+    drafter.check_runtime(target)
     tokenizer = load_tokenizer(target_dir)
     note = ensure_mask_token(tokenizer, drafter.config)
     return Pair(target, drafter, tokenizer, [note] if note else [])

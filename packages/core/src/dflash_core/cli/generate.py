@@ -13,7 +13,9 @@ from .common import add_runtime_args, apply_threads, encode, load_pair, print_js
 def add_parser(commands) -> None:
     p = commands.add_parser("generate", help="generate with a target and its DFlash drafter")
     p.add_argument("--target", required=True, help="Hugging Face target model directory (with tokenizer)")
-    p.add_argument("--drafter", required=True, help="drafter directory (published DFlash format)")
+    p.add_argument("--drafter", required=True,
+                   help="drafter directory (published format), or with --drafter-backend onnxruntime a .onnx file "
+                        "or a dflash-convert --to onnx directory")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="prompt text")
     source.add_argument("--prompt-file", help="file holding the prompt text")
@@ -25,7 +27,8 @@ def add_parser(commands) -> None:
     p.add_argument("--stream", action="store_true", help="print text as it is committed")
     p.add_argument("--compare-ar", action="store_true", help="also run the target alone; report speedup and match")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--drafter-backend", choices=["torch"], default="torch", help="how the drafter runs")
+    p.add_argument("--drafter-backend", choices=["torch", "onnxruntime"], default="torch",
+                   help="run the drafter in torch (default) or its exported ONNX graph with ONNX Runtime")
     add_runtime_args(p)
     p.set_defaults(run=run)
 
@@ -76,7 +79,7 @@ def run(args) -> int:
     apply_threads(args.threads)
     SamplingParams(args.temperature, args.top_p, args.top_k)  # validate before loading models
     text = read_prompt(args.prompt, args.prompt_file)
-    pair = load_pair(args.target, args.drafter, args.dtype, args.device)
+    pair = load_pair(args.target, args.drafter, args.dtype, args.device, args.drafter_backend, args.threads)
     for note in pair.notes:
         print(f"note: {note}", file=sys.stderr)
     ids = encode(pair.tokenizer, text, args.device)

@@ -1,0 +1,99 @@
+"""A drafter that runs the exported ONNX graph with ONNX Runtime, inside the same lossless loop.
+
+It speaks the decoder's drafter protocol (`config`, `new_cache`, `extend_cache`, `propose`,
+`check_runtime`). Context features of accepted tokens are held back until the next draft, where
+the graph projects them (KV injection) and returns them as `present_*`; the new entries are then
+appended to an ordinary `DraftKVCache`, so ragged batches work exactly as with torch.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .config import DFlashConfig
+from .draft_cache import DraftKVCache
+from .errors import CheckpointError, CompatibilityError
+from .onnx_export import read_config_metadata
+
+GRAPH_FILE = "drafter.onnx"
+_NUMPY_TO_TORCH = {"tensor(float)": torch.float32, "tensor(float16)": torch.float16}
+
+
+def load_onnx_drafter(path: str | os.PathLike, threads: int = 0,
+                      providers: list[str] | None = None) -> "OnnxRuntimeDrafter":
+    """An exported drafter: a .onnx file (config in its metadata) or a directory holding drafter.onnx."""
+    import onnxruntime as ort
+
+    path = Path(path)
+    file = path / GRAPH_FILE if path.is_dir() else path
+    if not file.is_file():
+        raise CheckpointError(f"{file} does not exist: expected an ONNX drafter (dflash-convert --to onnx).")
+    raw = read_config_metadata(file)
+    if raw is not None:
+        config = DFlashConfig.from_dict(raw, source=str(file))
+    elif (file.parent / "config.json").is_file():
+        config = DFlashConfig.from_pretrained(file.parent)
+    else:
+        raise CheckpointError(f"{file} carries no DFlash config in its metadata and has no config.json beside it.")
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    try:
+        session = ort.InferenceSession(str(file), options, providers=providers or ["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own exception types
+        raise CheckpointError(f"{file} cannot be loaded by ONNX Runtime ({str(exc).splitlines()[0]}).") from None
+    return OnnxRuntimeDrafter(session, config)
+
+
+class OnnxRuntimeDrafter:
+    def __init__(self, session, config: DFlashConfig) -> None:
+        self.session, self.config = session, config
+        inputs = {i.name: i for i in session.get_inputs()}
+        self.dtype = _NUMPY_TO_TORCH.get(inputs["noise_embedding"].type, torch.float32)
+        self.has_lm_head = session.get_outputs()[0].name == "logits"
+        self.device = torch.device("cpu")
+
+    def check_runtime(self, target) -> None:
+        if target.device.type != "cpu":
+            raise CompatibilityError(f"the ONNX Runtime drafter runs on the CPU but the target is on {target.device}.")
+
+    def new_cache(self, batch: int, capacity: int) -> DraftKVCache:
+        c = self.config
+        return DraftKVCache(c.num_hidden_layers, batch, c.num_key_value_heads, c.head_dim, capacity, "cpu", self.dtype)
+
+    def extend_cache(self, cache: DraftKVCache, target_hidden: torch.Tensor, positions: torch.Tensor,
+                     counts: list[int]) -> None:
+        """Hold the accepted tokens' features; the next `propose` projects them in-graph."""
+        cache.defer(target_hidden.to(self.dtype), positions, counts)
+
+    def propose(self, cache: DraftKVCache, noise_embedding: torch.Tensor, block_positions: torch.Tensor,
+                lm_head) -> torch.Tensor:
+        features, positions, counts = cache.take_deferred() or (
+            noise_embedding.new_zeros(noise_embedding.shape[0], 0, self.config.fc_in_features).to(self.dtype),
+            block_positions[:, :0], [0] * noise_embedding.shape[0])
+        past_key, past_value = cache.context()
+        new = features.shape[1]
+        new_valid = torch.arange(new)[None, :] < torch.tensor(counts)[:, None]
+        feeds = {
+            "noise_embedding": _np(noise_embedding.to(self.dtype)),
+            "target_hidden": _np(features),
+            "position_ids": _np(torch.cat([positions, block_positions], dim=1).long()),
+            "past_key": _np(past_key),
+            "past_value": _np(past_value),
+            "context_valid": _np(torch.cat([cache.valid(), new_valid], dim=1)),
+        }
+        out, present_key, present_value = self.session.run(None, feeds)
+        start = past_key.shape[3]
+        cache.append(torch.from_numpy(present_key[:, :, :, start:]), torch.from_numpy(present_value[:, :, :, start:]),
+                     counts)
+        out = torch.from_numpy(out)
+        logits = out if self.has_lm_head else lm_head(out.to(noise_embedding.dtype))
+        return logits[:, 1:].argmax(dim=-1).to(noise_embedding.device)
+
+
+def _np(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().contiguous().cpu().numpy()
