@@ -200,3 +200,19 @@ def test_ddp_two_cpu_processes_keep_identical_replicas(setup, tmp_path):
     assert summary["replicas_identical"] is True and summary["steps"] == 5
     _, meta = load_training_state(out / "train_state")
     assert meta["world_size"] == 2 and len(meta["history"]) == 5
+
+
+@pytest.mark.parametrize("extra,pattern", [
+    (["--target-layer-ids", "1,9"], r"expected ids within \[0, 4\) for a 4-layer target"),
+    (["--target-layer-ids", "1,x"], r"--target-layer-ids is '1,x', expected comma-separated integers"),
+    (["--block-size", "1"], r"'block_size' is 1, expected an integer >= 2"),
+    (["--anchors", "0"], r"'anchors' is 0, expected an integer >= 1"),
+])
+def test_bad_training_settings(setup, tmp_path, capsys, extra, pattern):
+    import re
+
+    _, target, _, data = setup
+    assert _train(target, data, tmp_path / "d", "--max-steps", "1", *extra) == 2
+    err = capsys.readouterr().err
+    assert re.search(pattern, err), err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "d").exists()

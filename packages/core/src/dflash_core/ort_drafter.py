@@ -32,7 +32,10 @@ def load_onnx_drafter(path: str | os.PathLike, threads: int = 0,
     file = path / GRAPH_FILE if path.is_dir() else path
     if not file.is_file():
         raise CheckpointError(f"{file} does not exist: expected an ONNX drafter (dflash-convert --to onnx).")
-    raw = read_config_metadata(file)
+    try:
+        raw = read_config_metadata(file)
+    except Exception:  # protobuf's DecodeError and friends: not an ONNX model at all
+        raise CheckpointError(f"{file} is not a readable ONNX model.") from None
     if raw is not None:
         config = DFlashConfig.from_dict(raw, source=str(file))
     elif (file.parent / "config.json").is_file():

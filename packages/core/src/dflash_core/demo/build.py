@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,33 @@ from transformers import PreTrainedTokenizerFast
 from ..fileio import atomic_file, write_json
 from .corpus import CorpusSplit, split_corpus
 from .target_lm import TargetRecipe, encode_documents, train_target_lm
+from .prompts import code_prompts
 from .tokenizer import train_tokenizer
+
+
+@dataclass(frozen=True)
+class DemoRecipe:
+    """How the demo drafter is made (the numbers behind `make models`)."""
+
+    heldout_prompts: int = 64
+    train_prompts: int = 6000
+    responses: str = "greedy"
+    response_tokens: int = 256
+    draft_layers: int = 1
+    block_size: int = 16
+    anchors: int = 48
+    batch_size: int = 8
+    epochs: float = 3.0
+    learning_rate: float = 6e-4
+    eval_every: int = 500
+    eval_prompts: int = 8
+
+    def train_config(self, layers: int | None = None, block_size: int | None = None):
+        from ..training.recipe import TrainConfig
+
+        return TrainConfig(draft_layers=layers or self.draft_layers, block_size=block_size or self.block_size,
+                           anchors=self.anchors, batch_size=self.batch_size, epochs=self.epochs,
+                           learning_rate=self.learning_rate, max_length=1024)
 
 
 def build_tokenizer(split: CorpusSplit, work: Path) -> PreTrainedTokenizerFast:
@@ -52,21 +79,92 @@ def build_target(work: Path, out: Path, recipe: TargetRecipe) -> Path:
     return train_target_lm(tokenizer, train, heldout, recipe, work / "target_state", out / "target")
 
 
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    with atomic_file(path, "w") as handle:
+        for row in rows:
+            handle.write(json.dumps(row) + "\n")
+
+
+def build_prompts(work: Path, out: Path, recipe: DemoRecipe) -> tuple[Path, Path]:
+    split = split_corpus()
+    heldout = out / "heldout.jsonl"
+    if not heldout.is_file():
+        write_jsonl(heldout, code_prompts(split, split.heldout, recipe.heldout_prompts, seed=1, def_fraction=1.0))
+    train = work / "train_prompts.jsonl"
+    if not train.is_file():
+        write_jsonl(train, code_prompts(split, split.train, recipe.train_prompts, seed=2))
+    return train, heldout
+
+
+def build_data(work: Path, out: Path, train_prompts: Path, recipe: DemoRecipe) -> Path:
+    from ..cli.common import load_target, load_tokenizer
+    from ..training.data import DataSettings, generate_responses, prompts_fingerprint, read_prompts, target_fingerprint
+
+    data = work / "data"
+    target = load_target(out / "target", (), "bf16")
+    prompts = read_prompts(train_prompts)
+    settings = DataSettings(target=target_fingerprint(out / "target"), prompts=prompts_fingerprint(prompts),
+                            responses=recipe.responses, max_new_tokens=recipe.response_tokens, seed=0)
+    generate_responses(target.model, load_tokenizer(out / "target"), prompts, data, settings, batch_size=64)
+    return data
+
+
+def build_drafter(work: Path, out: Path, data: Path, heldout: Path, recipe: DemoRecipe, layers: int | None = None,
+                  block_size: int | None = None, run_name: str = "drafter_run") -> Path:
+    from ..cli.common import load_target, load_tokenizer
+    from ..training.data import read_prompts
+    from ..training.trainer import Distributed, RunOptions, Trainer, load_data
+
+    train = recipe.train_config(layers, block_size)
+    run = work / run_name
+    options = RunOptions(out=run, checkpoint_every=50, eval_every=recipe.eval_every,
+                         eval_prompts=read_prompts(heldout)[: recipe.eval_prompts], eval_max_new_tokens=128)
+    trainer = Trainer(load_target(out / "target", (), "bf16"), load_tokenizer(out / "target"), load_data(data),
+                      train, options, Distributed())
+    report = trainer.run()
+    print(json.dumps({"drafter": str(run), "steps": report["steps"], "tau": report["tau"]}))
+    return run
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, default=Path("runs/demo"), help="scratch and resumable state")
     parser.add_argument("--out", type=Path, default=Path("models/demo"), help="where the demo models go")
-    parser.add_argument("--stage", choices=["target", "all"], default="all")
+    parser.add_argument("--stage", choices=["target", "prompts", "data", "drafter", "all"], default="all",
+                        help="stop after this stage (every stage resumes from its saved state)")
     parser.add_argument("--target-steps", type=int, default=TargetRecipe.steps)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    recipe = TargetRecipe(steps=args.target_steps)
+    demo = DemoRecipe()
     if not (args.out / "target" / "config.json").is_file():
-        build_target(args.work, args.out, recipe)
-    print(json.dumps({"target": str(args.out / "target")}))
+        build_target(args.work, args.out, TargetRecipe(steps=args.target_steps))
+    if args.stage == "target":
+        return 0
+    train_prompts, heldout = build_prompts(args.work, args.out, demo)
+    if args.stage == "prompts":
+        return 0
+    data = build_data(args.work, args.out, train_prompts, demo)
+    if args.stage == "data":
+        return 0
+    if not (args.out / "drafter" / "config.json").is_file():
+        run = build_drafter(args.work, args.out, data, heldout, demo)
+        publish_drafter(run, args.out / "drafter")
+    print(json.dumps({"target": str(args.out / "target"), "drafter": str(args.out / "drafter"),
+                      "heldout": str(heldout)}))
     return 0
+
+
+def publish_drafter(run: Path, dest: Path) -> None:
+    """Copy the trained drafter (published format, no training state) into models/demo/drafter."""
+    import shutil
+
+    from ..fileio import atomic_directory
+
+    with atomic_directory(dest, overwrite=True) as tmp:
+        for name in ("config.json", "model.safetensors"):
+            shutil.copy2(run / name, tmp / name)
 
 
 if __name__ == "__main__":

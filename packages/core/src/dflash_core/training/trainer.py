@@ -11,6 +11,7 @@ import copy
 import hashlib
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,6 +119,7 @@ class Trainer:
         self.history: list[float] = []
         self.tau_history: list[tuple[int, float]] = []
         self.autocast = train.bf16 and place.device.type in ("cpu", "cuda")
+        self.timings = {"target_s": 0.0, "step_s": 0.0, "feature_tokens": 0}  # store-vs-recompute evidence
 
     # ---- resume ----------------------------------------------------------------------------------
     def resume_if_possible(self) -> bool:
@@ -154,11 +156,15 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         totals = {"loss": 0.0, "tau_est": 0.0, "acc1": 0.0}
+        step_started = time.perf_counter()
         for micro in range(self.train.grad_accum):
             batch = self._micro_batch(micro)
-            with torch.no_grad():
+            started = time.perf_counter()
+            with torch.no_grad():  # target features are recomputed, not stored (see docs/training.md)
                 positions = torch.arange(batch.tokens.shape[1], device=batch.tokens.device).expand_as(batch.tokens)
                 features = self.target(batch.tokens, positions, None, batch.valid.long()).features
+            self.timings["target_s"] += time.perf_counter() - started
+            self.timings["feature_tokens"] += int(batch.valid.sum())
             if not self.autocast:
                 features = features.float()
             sync = micro == self.train.grad_accum - 1 or self.place.world == 1
@@ -175,6 +181,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.history.append(totals["loss"])
+        self.timings["step_s"] += time.perf_counter() - step_started
         return totals | {"lr": lr}
 
     # ---- the run -----------------------------------------------------------------------------------
@@ -199,7 +206,7 @@ class Trainer:
         final_tau = self.evaluate() if self.options.eval_prompts else None
         self.checkpoint()
         return {"steps": self.step, "history": self.history, "tau": final_tau, "tau_history": self.tau_history,
-                "replicas_identical": replicas}
+                "replicas_identical": replicas, "timings": dict(self.timings)}
 
     def checkpoint(self) -> None:
         if self.place.main:

@@ -1,0 +1,1 @@
+"""Benchmarks: side-by-side ratios measured in one run, written as JSON, a Markdown table and a plot."""
