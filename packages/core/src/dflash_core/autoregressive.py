@@ -23,7 +23,8 @@ def generate_autoregressive(target, input_ids: torch.Tensor, *, max_new_tokens: 
                             attention_mask: torch.Tensor | None = None, seed: int | None = None) -> GenerationResult:
     """Plain decoding of each prompt row (rows run one after another; batch 1 is the usual case)."""
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
-    target = target if isinstance(target, TargetModel) else TargetModel(target)
+    # no feature layers: the target alone pays for no hooks
+    target = TargetModel(target.model if isinstance(target, TargetModel) else target)
     prompts = split_prompts(input_ids, attention_mask)
     check_request(target, prompts, max_new_tokens)
     stops = frozenset(stop_token_ids or ())

@@ -15,7 +15,7 @@ target's own conditional, so the output distribution is the target's.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
@@ -82,15 +82,19 @@ class _Rows:
     last: torch.Tensor  # [B] the newest committed token, not yet seen by the target
 
 
-@dataclass
 class DecodeStream:
     """Iterate to get each step's newly committed tokens (one list per prompt row); then `.result`."""
 
-    _steps: Iterator[list[list[int]]]
-    result: GenerationResult | None = field(default=None)
+    def __init__(self, decoder: "_Decoder") -> None:
+        self._decoder = decoder
+
+    @property
+    def result(self) -> GenerationResult:
+        """Everything committed so far, with timings (complete once iteration has ended)."""
+        return self._decoder.result
 
     def __iter__(self) -> Iterator[list[list[int]]]:
-        yield from self._steps
+        return _run(self._decoder)
 
 
 def generate(target, drafter: Drafter, input_ids: torch.Tensor, *, max_new_tokens: int,
@@ -103,7 +107,6 @@ def generate(target, drafter: Drafter, input_ids: torch.Tensor, *, max_new_token
                              attention_mask=attention_mask, seed=seed)
     for _ in stream:
         pass
-    assert stream.result is not None
     return stream.result
 
 
@@ -119,10 +122,8 @@ def generate_stream(target, drafter: Drafter, input_ids: torch.Tensor, *, max_ne
     target = as_target(target, drafter)
     prompts = split_prompts(input_ids, attention_mask)
     check_request(target, prompts, max_new_tokens)
-    decoder = _Decoder(target, drafter, prompts, max_new_tokens, params, frozenset(stop_token_ids or ()), seed)
-    stream = DecodeStream(iter(()))
-    stream._steps = _run(stream, decoder)
-    return stream
+    return DecodeStream(_Decoder(target, drafter, prompts, max_new_tokens, params, frozenset(stop_token_ids or ()),
+                                 seed))
 
 
 def as_target(target, drafter: Drafter) -> TargetModel:
@@ -137,9 +138,8 @@ def as_target(target, drafter: Drafter) -> TargetModel:
 
 
 @torch.inference_mode()
-def _run(stream: DecodeStream, decoder: "_Decoder"):
+def _run(decoder: "_Decoder") -> Iterator[list[list[int]]]:
     """Drive a decoder: prefill, then one draft-verify-accept step per iteration."""
-    stream.result = decoder.result
     yield decoder.prefill()
     started = time.perf_counter()
     while decoder.rows.ids:
@@ -209,7 +209,11 @@ class _Decoder:
         counts = [h[0] + 1 for h in host]  # block positions the target has now verified, per row
         self.tcache.commit(self.block, counts)
         keep = max(counts)
+        t3 = time.perf_counter()
+        # KV injection of the accepted tokens: drafter work, timed as drafting
         self.drafter.extend_cache(self.dcache, out.features[:, :keep], positions[:, :keep], counts)
+        sync_device(self.device)
+        self.result.draft_s += time.perf_counter() - t3
         self.rows.last = bonus
         return self._emit([h[2 : 2 + h[0]] + [h[1]] for h in host], verified=True)
 

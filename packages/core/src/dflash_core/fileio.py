@@ -53,6 +53,17 @@ def atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator[Any]:
         yield handle
 
 
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MiB chunks."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def write_json(path: str | os.PathLike, obj: Any) -> None:
     """Write `obj` as indented JSON, atomically."""
     with atomic_file(path, "w") as handle:

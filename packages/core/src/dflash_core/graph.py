@@ -62,22 +62,31 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x32.to(dtype)
 
 
+SMALL_BLOCK = 64  # at most this many query rows per KV head: explicit grouped attention beats SDPA on CPU
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
     """Softmax attention, non-causal; `mask` [B, 1, Q, K] boolean (True = visible) or None.
 
-    q [B, h, Q, d], k/v [B, g, K, d] -> [B, h, Q, d]. Exporters get the explicit formula (plain
-    MatMul/Softmax in ONNX); eager torch gets the fused kernel.
+    q [B, h, Q, d], k/v [B, g, K, d] -> [B, h, Q, d]. Query heads are grouped per KV head
+    (head i uses KV head i // (h/g)) so K/V are never repeated. Decoding blocks (small Q) and
+    exporters use the explicit formula (plain MatMul/Softmax in ONNX, and faster than the fused
+    kernel for a few query rows on CPU); long training queries use the fused kernel.
     """
-    groups = q.shape[1] // k.shape[1]
-    if torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling():
-        if groups > 1:
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
-        scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        return torch.matmul(scores.softmax(dim=-1).to(v.dtype), v)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=groups > 1)
+    batch, heads, q_len, dim = q.shape
+    kv_heads = k.shape[1]
+    groups = heads // kv_heads
+    exporting = torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling()
+    if not exporting and q_len * groups > SMALL_BLOCK:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=groups > 1)
+    grouped = q.reshape(batch, kv_heads, groups * q_len, dim)  # [B, g, rep*Q, d]
+    scores = torch.matmul(grouped, k.transpose(-1, -2)).float() * scale  # [B, g, rep*Q, K]
+    if mask is not None:
+        mask = mask.expand(batch, 1, q_len, mask.shape[-1])
+        mask = mask[:, :, None].expand(batch, 1, groups, q_len, mask.shape[-1]).reshape(batch, 1, groups * q_len, -1)
+        scores = scores.masked_fill(~mask, float("-inf"))
+    out = torch.matmul(scores.softmax(dim=-1).to(v.dtype), v)  # [B, g, rep*Q, d]
+    return out.reshape(batch, heads, q_len, dim)
 
 
 def project_features(w: DrafterWeights, dims: DrafterDims, target_hidden: torch.Tensor) -> torch.Tensor:

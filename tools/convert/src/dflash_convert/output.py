@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from pathlib import Path
@@ -13,6 +12,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from dflash_core.drafter import resolve_dtype
+from dflash_core.fileio import sha256_file
 
 from . import __version__
 
@@ -45,17 +45,9 @@ def write_json(path: Path, obj) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n")
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def write_manifest(directory: Path, *, target: str, source, options: dict) -> dict:
     """manifest.json: tool and version, source and its hash, options, and every file's sha256."""
-    files = {p.relative_to(directory).as_posix(): sha256(p)
+    files = {p.relative_to(directory).as_posix(): sha256_file(p)
              for p in sorted(directory.rglob("*")) if p.is_file() and p.name != "manifest.json"}
     manifest = {"tool": "dflash-convert", "version": __version__, "target": target,
                 "source": {"path": str(source.path), "kind": source.kind, "sha256": source.sha256},

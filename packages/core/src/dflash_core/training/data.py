@@ -23,7 +23,7 @@ from safetensors.numpy import load_file, save_file
 from tqdm import tqdm
 
 from ..errors import DataError
-from ..fileio import atomic_path, write_json
+from ..fileio import atomic_path, sha256_file, write_json
 
 INDEX_FILE = "index.json"
 FORMAT_VERSION = 1
@@ -81,14 +81,6 @@ def prompts_fingerprint(prompts: list[str]) -> str:
     return hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16]
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 # ---- writing -------------------------------------------------------------------------------------
 
 
@@ -120,7 +112,7 @@ class ShardWriter:
             with atomic_path(self.out / name) as tmp:
                 save_file(arrays, str(tmp))
             self.index["shards"].append({"file": name, "samples": len(self.pending), "tokens": int(sum(lengths)),
-                                         "sha256": _sha256(self.out / name)})
+                                         "sha256": sha256_file(self.out / name)})
             self.pending = []
         self.index["prompts_done"] = prompts_done
         write_json(self.out / INDEX_FILE, self.index)
@@ -218,7 +210,7 @@ class TokenDataset:
         file = self.path / shard["file"]
         if not file.is_file():
             raise DataError(f"data shard {file} is missing (listed in {INDEX_FILE}).")
-        if verify and _sha256(file) != shard["sha256"]:
+        if verify and sha256_file(file) != shard["sha256"]:
             raise DataError(f"data shard {file} is corrupt (its sha256 differs from the index).")
         try:
             arrays = load_file(str(file))

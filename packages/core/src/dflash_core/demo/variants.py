@@ -1,0 +1,47 @@
+"""The drafter-depth and block-size study behind docs/benchmarks.md (`make bench-variants`).
+
+Trains drafters of 1, 2, 3 and 5 layers at block 16 and a 1-layer drafter at block 8 on the demo
+data (same recipe and budget for all), then measures each against the demo target alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .build import DemoRecipe, build_drafter
+
+VARIANTS = [(1, 16), (2, 16), (3, 16), (5, 16), (1, 8)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..bench import e2e
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--work", type=Path, default=Path("runs/demo"))
+    parser.add_argument("--models", type=Path, default=Path("models/demo"))
+    parser.add_argument("--out", type=Path, default=Path("docs/results"))
+    parser.add_argument("--epochs", type=float, default=1.0, help="training budget of every variant")
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--temperatures", default="0,1")
+    args = parser.parse_args(argv)
+    recipe = DemoRecipe(epochs=args.epochs, eval_every=0)
+    heldout = args.models / "heldout.jsonl"
+    pairs = []
+    for layers, block in VARIANTS:
+        name = f"L{layers}-B{block}"
+        run = args.work / "variants" / name
+        if not (run / "train_state" / "state.json").is_file() or not (run / "config.json").is_file():
+            build_drafter(args.work, args.models, args.work / "data", heldout, recipe, layers=layers,
+                          block_size=block, run_name=f"variants/{name}")
+        pairs.append(e2e.PairSpec(name, args.models / "target", run))
+    e2e.run(args.out, pairs, heldout, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
+            dtypes=("bf16",), temperatures=[float(t) for t in args.temperatures.split(",")], name="variants",
+            title="Drafter depth and block size (demo target, bf16, batch 1)",
+            command="python -m dflash_core.demo.variants " + " ".join(argv or []))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
