@@ -48,8 +48,16 @@ test: setup
 models: setup
 	$(BIN)/python -m dflash_core.demo.build
 
+# Every figure in docs/benchmarks.md comes from these commands (about 2 hours on the 2-core CPU,
+# most of it training the drafter variants).
 bench: setup
-	$(BIN)/dflash bench --out docs/results
+	$(BIN)/dflash bench drafter --out docs/results
+	$(BIN)/dflash bench e2e --out docs/results --dtypes bf16,fp32 --temperatures 0,1
+	$(BIN)/dflash-convert models/demo/drafter --to onnx --out runs/demo/onnx --force
+	$(BIN)/dflash bench e2e --out docs/results --name backends --title "Drafter backends: torch eager vs ONNX Runtime" \
+		--pair torch=models/demo/target:models/demo/drafter \
+		--pair onnxruntime=models/demo/target:runs/demo/onnx:onnxruntime --dtypes bf16,fp32
+	$(BIN)/python -m dflash_core.demo.variants --out docs/results
 
 clean:
 	rm -rf $(VENV) $(SGLANG_VENV) runs

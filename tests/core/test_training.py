@@ -216,3 +216,33 @@ def test_bad_training_settings(setup, tmp_path, capsys, extra, pattern):
     err = capsys.readouterr().err
     assert re.search(pattern, err), err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "d").exists()
+
+
+def test_training_blocks_equal_inference_drafts(setup):
+    """Many blocks in one training pass give exactly what the decoder computes for each block alone."""
+    from tiny import drafter_config, tiny_drafter, tiny_target
+
+    from dflash_core import TargetModel
+    from dflash_core.training.batches import Batch
+    from dflash_core.training.objective import block_hidden
+
+    model = tiny_target(vocab=32, layers=4, seed=3)
+    drafter = tiny_drafter(drafter_config(model, layers=2, block_size=6, layer_ids=(1, 2)), seed=3)
+    target = TargetModel(model, drafter.config.target_layer_ids)
+    tokens = torch.randint(0, 30, (2, 40), generator=torch.Generator().manual_seed(0))
+    valid = torch.ones_like(tokens, dtype=torch.bool)
+    valid[1, 33:] = False  # a padded row
+    anchors = torch.tensor([[5, 6, 20, 33], [0, 12, 13, 30]])
+    batch = Batch(tokens, valid, anchors, torch.ones_like(anchors, dtype=torch.bool), tokens[:, :5].clone()[:, None].expand(2, 4, 5), torch.ones(2, 4, 5, dtype=torch.bool))
+    with torch.no_grad():
+        features = target(tokens, torch.arange(40).expand(2, -1), None, valid.long()).features
+        trained = block_hidden(drafter, target, features, batch)  # [2, 4, 6, H]
+        for row in range(2):
+            for j, anchor in enumerate(anchors[row].tolist()):
+                cache = drafter.new_cache(1, 64)
+                if anchor:
+                    drafter.extend_cache(cache, features[row:row + 1, :anchor], torch.arange(anchor)[None], [anchor])
+                ids = torch.full((1, 6), drafter.config.mask_token_id)
+                ids[0, 0] = tokens[row, anchor]
+                alone = drafter.draft_with_cache(cache, target.embed(ids), anchor + torch.arange(6)[None])
+                assert (trained[row, j] - alone[0]).abs().max().item() <= 1e-5, (row, anchor)

@@ -19,7 +19,7 @@ def test_sglang_entry_point_is_registered_and_imports_no_engine(caplog):
     assert len(points) == 1 and points[0].value == "dflash_sglang.plugin:register"
     with caplog.at_level(logging.INFO, logger="dflash_sglang"):
         points[0].load()()  # SGLang calls it with no arguments, once per process
-    assert "dflash-sglang plugin loaded" in caplog.text
+    assert "dflash-sglang plugin loaded" in caplog.text  # without sglang: loads, registers nothing
     if importlib.util.find_spec("sglang") is None:
         import sys
 
@@ -58,3 +58,25 @@ def test_tensorrt_missing_is_named(tmp_path):
     assert "'tensorrt' is not installed" in missing_requirements()
     with pytest.raises(ImportError):
         build_plan(tmp_path / "x.onnx", tmp_path / "x.plan", drafter_config(), "fp16")
+
+
+def test_preflight_checks_a_converted_directory(tmp_path):
+    from dflash_convert.cli import main as convert
+    from dflash_core.errors import CheckpointError
+    from dflash_sglang.preflight import check_draft_dir
+    from tiny import tiny_drafter
+
+    tiny_drafter(drafter_config(hidden=32, target_layers=8, layers=1, block_size=8, layer_ids=(3,))).save_pretrained(
+        tmp_path / "src")
+    assert convert([str(tmp_path / "src"), "--to", "sglang", "--out", str(tmp_path / "sgl")]) == 0
+    assert check_draft_dir(tmp_path / "sgl", 8) == []
+    assert "trained with blocks of 8" in check_draft_dir(tmp_path / "sgl", 16)[0]
+    weights = tmp_path / "sgl" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="model.safetensors changed since dflash-convert wrote it"):
+        check_draft_dir(tmp_path / "sgl")
+    (tmp_path / "sgl" / "launch.sh").unlink()
+    with pytest.raises(CheckpointError, match=r"launch.sh is missing \(and 1 more\)|is damaged"):
+        check_draft_dir(tmp_path / "sgl")

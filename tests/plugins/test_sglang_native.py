@@ -51,3 +51,43 @@ def test_the_check_fails_on_a_drafter_sglang_would_load_silently(tmp_path):
     done = _check(tmp_path / "sgl")
     assert done.returncode == 1 and "SGLANG CHECK FAILED" in done.stdout
     assert "not written by load_weights" in done.stdout + done.stderr
+
+
+PROBE = """
+import os, sys
+os.environ["SGLANG_PLUGINS"] = "dflash"
+from sglang.srt.plugins import load_plugins
+load_plugins()  # what launch_server does first: our entry point registers its hook
+from sglang.srt.server_args import ServerArgs
+args = ServerArgs(model_path=sys.argv[2], speculative_algorithm="DFLASH", speculative_draft_model_path=sys.argv[1],
+                  device="cpu", speculative_num_draft_tokens=int(sys.argv[3]))
+try:
+    args.resolve_once()  # SGLang's argument pipeline, which calls _handle_dflash
+except Exception as exc:
+    print("RAISED", type(exc).__name__, exc)
+"""
+
+
+def test_plugin_hook_checks_the_draft_before_sglang_starts_dflash(tmp_path):
+    from tiny import tiny_target
+
+    tiny_target(vocab=128, hidden=64, layers=8).save_pretrained(tmp_path / "target")
+    config = drafter_config(hidden=64, heads=4, target_layers=8, layers=1, block_size=8, layer_ids=(3,), vocab=128)
+    tiny_drafter(config).save_pretrained(tmp_path / "src")
+    assert convert([str(tmp_path / "src"), "--to", "sglang", "--out", str(tmp_path / "sgl")]) == 0
+
+    def probe(tokens: int) -> str:
+        done = subprocess.run([str(SGLANG_PYTHON), "-c", PROBE, str(tmp_path / "sgl"), str(tmp_path / "target"),
+                               str(tokens)], capture_output=True, text=True, timeout=600,
+                              env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+        return done.stdout + done.stderr
+
+    intact = probe(8)  # our check passes, then SGLang's own check refuses the CPU device
+    assert "RAISED ValueError DFLASH speculative decoding is not supported" in intact
+    assert "dflash-sglang" not in intact.split("RAISED")[-1]
+    assert "trained with blocks of 8" in probe(16)  # a warning, then SGLang continues to its own check
+    weights = tmp_path / "sgl" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    assert "RAISED CheckpointError draft directory" in probe(8) and "changed since dflash-convert wrote it" in probe(8)

@@ -19,6 +19,7 @@ from .draft_cache import DraftKVCache
 from .errors import CheckpointError, CompatibilityError
 from .masks import block_attention_mask, window_mask
 from .rope import rope_frequencies
+from .sampling import greedy_tokens
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -195,7 +196,7 @@ class Drafter(nn.Module):
                 lm_head) -> torch.Tensor:
         """Draft tokens [B, Q-1]: argmax of the target's `lm_head` at block positions 1..Q-1."""
         hidden = self.draft_with_cache(cache, noise_embedding, block_positions)
-        return lm_head(hidden[:, 1:]).argmax(dim=-1)
+        return greedy_tokens(lm_head(hidden[:, 1:]))
 
     def check_runtime(self, target) -> None:
         """The target feeds embeddings and features straight in: same precision, same device."""

@@ -18,6 +18,7 @@ from .config import DFlashConfig
 from .draft_cache import DraftKVCache
 from .errors import CheckpointError, CompatibilityError
 from .onnx_export import read_config_metadata
+from .sampling import greedy_tokens
 
 GRAPH_FILE = "drafter.onnx"
 _NUMPY_TO_TORCH = {"tensor(float)": torch.float32, "tensor(float16)": torch.float16}
@@ -95,7 +96,7 @@ class OnnxRuntimeDrafter:
                      counts)
         out = torch.from_numpy(out)
         logits = out if self.has_lm_head else lm_head(out.to(noise_embedding.dtype))
-        return logits[:, 1:].argmax(dim=-1).to(noise_embedding.device)
+        return greedy_tokens(logits[:, 1:]).to(noise_embedding.device)
 
 
 def _np(tensor: torch.Tensor) -> np.ndarray:

@@ -1,15 +1,26 @@
-"""Entry point of the `sglang.srt.plugins` group, called once in every SGLang server process."""
+"""Entry point of the `sglang.srt.plugins` group, called (without arguments) in every SGLang process.
+
+SGLang 0.5.23 serves DFlash natively, so nothing is replaced: the plugin registers one BEFORE hook
+on `_handle_dflash` (SGLang's DFLASH argument check) that verifies the draft directory first —
+manifest hashes of a dflash-convert output, a parseable DFlash config, the block size — so a
+damaged or mismatched drafter fails at launch with one clear line instead of loading silently.
+"""
 
 from __future__ import annotations
 
 import logging
 
 logger = logging.getLogger("dflash_sglang")
+HOOK_TARGET = "sglang.srt.arg_groups.speculative_hook._handle_dflash"
 
 
 def register() -> None:
-    """Nothing to patch: SGLang 0.5.23 serves DFlash natively (`--speculative-algorithm DFLASH`).
+    try:
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    except ImportError:  # called outside SGLang (e.g. a test of the entry point): nothing to hook
+        logger.info("dflash-sglang plugin loaded (sglang not importable: no hook registered)")
+        return
+    from .preflight import before_handle_dflash
 
-    The plugin only records that the dflash-sglang adapter is present, so `sglang` logs show it.
-    """
-    logger.info("dflash-sglang plugin loaded: drafters converted by dflash-convert load with --speculative-algorithm DFLASH")
+    HookRegistry.register(HOOK_TARGET, before_handle_dflash, HookType.BEFORE)
+    logger.info("dflash-sglang plugin loaded: draft directories are checked before DFLASH starts")

@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from dflash_core.drafter import resolve_dtype
-from dflash_core.fileio import sha256_file
+from dflash_core.manifest import MANIFEST, build_manifest
 
 from . import __version__
 
@@ -47,12 +47,10 @@ def write_json(path: Path, obj) -> None:
 
 def write_manifest(directory: Path, *, target: str, source, options: dict) -> dict:
     """manifest.json: tool and version, source and its hash, options, and every file's sha256."""
-    files = {p.relative_to(directory).as_posix(): sha256_file(p)
-             for p in sorted(directory.rglob("*")) if p.is_file() and p.name != "manifest.json"}
-    manifest = {"tool": "dflash-convert", "version": __version__, "target": target,
-                "source": {"path": str(source.path), "kind": source.kind, "sha256": source.sha256},
-                "options": options, "files": files}
-    write_json(directory / "manifest.json", manifest)
+    manifest = build_manifest(directory, tool="dflash-convert", version=__version__, target=target,
+                              source={"path": str(source.path), "kind": source.kind, "sha256": source.sha256},
+                              options=options)
+    write_json(directory / MANIFEST, manifest)
     return manifest
 
 

@@ -100,8 +100,8 @@ def stop_token_ids(target: TargetModel, tokenizer) -> list[int]:
 def read_prompt(text: str | None, file: str | None) -> str:
     if file is not None:
         path = Path(file)
-        if not path.is_file():
-            raise GenerationError(f"--prompt-file {path} does not exist.")
+        if not path.exists() or path.is_dir():
+            raise GenerationError(f"--prompt-file {path} does not exist (expected a text file).")
         text = path.read_text(encoding="utf-8")
     if text is None or not text.strip():
         raise GenerationError("the prompt is empty: give a non-empty --prompt or --prompt-file.")

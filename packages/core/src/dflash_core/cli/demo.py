@@ -32,6 +32,8 @@ def add_parser(commands) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--summary-prompts", type=int, default=8,
+                   help="also measure tau and speedup over the first N held-out prompts (0: skip)")
     add_runtime_args(p)
     p.set_defaults(run=run)
 
@@ -70,10 +72,37 @@ def run(args) -> int:
     ar = generate_autoregressive(pair.target, ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                  top_p=args.top_p, top_k=args.top_k, stop_token_ids=stops, seed=args.seed)
     same = "yes" if result.tokens == ar.tokens else "NO"
-    print(f"\n{len(result.tokens[0])} tokens | tau {result.tau:.2f} | DFlash {result.tokens_per_s:.1f} tok/s | "
-          f"target alone {ar.tokens_per_s:.1f} tok/s | speedup {result.tokens_per_s / ar.tokens_per_s:.2f}x"
+    print(f"\nthis prompt: {len(result.tokens[0])} tokens | tau {result.tau:.2f} | DFlash {result.tokens_per_s:.1f} tok/s"
+          f" | target alone {ar.tokens_per_s:.1f} tok/s | speedup {result.tokens_per_s / ar.tokens_per_s:.2f}x"
           + (f" | identical to target alone: {same}" if args.temperature == 0 else ""), file=sys.stderr)
+    if args.summary_prompts:
+        _summary(pair, prompts[: args.summary_prompts], args, stops)
     return 0
+
+
+def _summary(pair, prompts: list[str], args, stops) -> None:
+    """Both decoders on several held-out prompts, measured side by side in this run."""
+    from ..autoregressive import generate_autoregressive
+    from ..decoding import generate
+
+    spec_tokens = ar_tokens = steps = committed = identical = 0
+    spec_s = ar_s = 0.0
+    for i, text in enumerate(prompts):
+        ids = encode(pair.tokenizer, text, args.device)
+        kwargs = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
+                  "top_k": args.top_k, "stop_token_ids": stops, "seed": args.seed + i}
+        spec = generate(pair.target, pair.drafter, ids, **kwargs)
+        ar = generate_autoregressive(pair.target, ids, **kwargs)
+        spec_tokens, ar_tokens = spec_tokens + len(spec.tokens[0]), ar_tokens + len(ar.tokens[0])
+        spec_s, ar_s = spec_s + spec.total_s, ar_s + ar.total_s
+        steps, committed = steps + len(spec.acceptance_lengths[0]), committed + sum(spec.acceptance_lengths[0])
+        identical += spec.tokens == ar.tokens
+    speedup = (spec_tokens / spec_s) / (ar_tokens / ar_s)
+    line = (f"{len(prompts)} held-out prompts: tau {committed / max(1, steps):.2f} | DFlash {spec_tokens / spec_s:.1f} "
+            f"tok/s | target alone {ar_tokens / ar_s:.1f} tok/s | speedup {speedup:.2f}x")
+    if args.temperature == 0:
+        line += f" | identical to target alone: {identical}/{len(prompts)}"
+    print(line, file=sys.stderr)
 
 
 def _params(model) -> str:

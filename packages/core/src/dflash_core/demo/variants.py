@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path("runs/demo"))
     parser.add_argument("--models", type=Path, default=Path("models/demo"))
     parser.add_argument("--out", type=Path, default=Path("docs/results"))
-    parser.add_argument("--epochs", type=float, default=1.0, help="training budget of every variant")
+    parser.add_argument("--epochs", type=float, default=2.0, help="training budget of every variant")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--temperatures", default="0,1")

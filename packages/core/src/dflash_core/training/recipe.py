@@ -92,7 +92,9 @@ def drafter_config_for(target, mask_token_id: int, train: TrainConfig) -> DFlash
     """A drafter shaped like the target's own layers (as the published drafters are)."""
     c = target.config
     layers = target.num_layers
-    ids = train.target_layer_ids or build_target_layer_ids(layers, train.draft_layers)
+    # the reference spacing repeats ids when the target is shallow (e.g. 5 draft layers on 6 target
+    # layers); each feature layer is captured once
+    ids = train.target_layer_ids or tuple(sorted(set(build_target_layer_ids(layers, train.draft_layers))))
     heads = c.num_attention_heads
     return DFlashConfig(
         hidden_size=target.hidden_size,
