@@ -46,6 +46,7 @@ def describe() -> dict:
 
 
 def one_line(info: dict) -> str:
-    amx = "AMX-BF16" if "amx_bf16" in info.get("cpu_flags", []) else "no AMX"
+    flags = info.get("cpu_flags", [])
+    amx = "AMX-BF16" if "amx_bf16" in flags else ("AVX-512 BF16, no AMX" if "avx512_bf16" in flags else "no AMX")
     gpu = f", {info['gpu']}" if "gpu" in info else ", no GPU"
     return f"{info['cpu']} ({info['cores']} cores, {amx}{gpu}), torch {info['torch']} with {info['torch_threads']} threads"

@@ -34,7 +34,7 @@ class TargetRecipe:
     rope_theta: float = 10000.0
     seq_len: int = 512
     batch_size: int = 8
-    steps: int = 3000
+    steps: int = 2200
     peak_lr: float = 1e-3
     warmup_steps: int = 100
     weight_decay: float = 0.1

@@ -31,10 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     pairs = []
     for layers, block in VARIANTS:
         name = f"L{layers}-B{block}"
-        run = args.work / "variants" / name
-        if not (run / "train_state" / "state.json").is_file() or not (run / "config.json").is_file():
-            build_drafter(args.work, args.models, args.work / "data", heldout, recipe, layers=layers,
-                          block_size=block, run_name=f"variants/{name}")
+        # The budget is part of the run's name: a run resumes only under the settings it started with.
+        run_name = f"variants/e{args.epochs:g}/{name}"
+        # Always through the trainer: it resumes an interrupted run and returns at once for a finished one.
+        run = build_drafter(args.work, args.models, args.work / "data", heldout, recipe, layers=layers,
+                            block_size=block, run_name=run_name)
         pairs.append(e2e.PairSpec(name, args.models / "target", run))
     e2e.run(args.out, pairs, heldout, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
             dtypes=("bf16",), temperatures=[float(t) for t in args.temperatures.split(",")], name="variants",
