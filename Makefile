@@ -48,16 +48,19 @@ test: setup
 models: setup
 	$(BIN)/python -m dflash_core.demo.build
 
-# Every figure in docs/benchmarks.md comes from these commands (about 2 hours on the 2-core CPU,
-# most of it training the drafter variants).
+# Every figure in docs/benchmarks.md comes from these commands (about 3 hours on the 2-core CPU,
+# most of it training the drafter variants; every training run resumes if interrupted).
 bench: setup
 	$(BIN)/dflash bench drafter --out docs/results
-	$(BIN)/dflash bench e2e --out docs/results --dtypes bf16,fp32 --temperatures 0,1
+	$(BIN)/dflash bench e2e --out docs/results --dtypes bf16,fp32 --temperatures 0,1 --prompts 24
+	$(BIN)/python -m dflash_core.bench.divergence --out docs/results --prompts 24
 	$(BIN)/dflash-convert models/demo/drafter --to onnx --out runs/demo/onnx --force
 	$(BIN)/dflash bench e2e --out docs/results --name backends --title "Drafter backends: torch eager vs ONNX Runtime" \
 		--pair torch=models/demo/target:models/demo/drafter \
-		--pair onnxruntime=models/demo/target:runs/demo/onnx:onnxruntime --dtypes bf16,fp32
-	$(BIN)/python -m dflash_core.demo.variants --out docs/results
+		--pair onnxruntime=models/demo/target:runs/demo/onnx:onnxruntime --dtypes bf16,fp32 --temperatures 0 --prompts 12
+	$(BIN)/python -m dflash_core.demo.variants --out docs/results --epochs 0.5 --prompts 24 --temperatures 0
+	$(BIN)/python -m dflash_core.demo.variants --out docs/results --epochs 2 --only L1-B16,L2-B16 --name variants_e2 \
+		--prompts 24 --temperatures 0
 
 clean:
 	rm -rf $(VENV) $(SGLANG_VENV) runs

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
 
 import torch
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
              "gaps are logit differences between the two competing tokens on the same prefix",
              "rounding step: the spacing of representable values at that logit's magnitude"]
     write_report(args.out, f"divergence_{args.dtype}", title=f"Where greedy outputs part in {args.dtype}",
-                 command="python -m dflash_core.bench.divergence " + " ".join(argv or []), columns=columns,
+                 command="python -m dflash_core.bench.divergence " + " ".join(sys.argv[1:] if argv is None else argv), columns=columns,
                  rows=rows, data=result, notes=notes)
     return 0
 

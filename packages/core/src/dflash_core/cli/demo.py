@@ -23,6 +23,12 @@ def default_models_dir() -> Path:
     return Path(__file__).resolve().parents[5] / "models" / "demo"
 
 
+# Printed when greedy outputs part in reduced precision; docs/benchmarks.md has the measurements.
+ROUNDING_NOTE = ("note: in {dtype}, scoring 16 tokens at once and 1 token at a time round logits differently; where "
+                 "the target's top two tokens tie within that rounding the two runs may pick differently "
+                 "(fp32 outputs are identical; see docs/benchmarks.md, 'Greedy equality in bf16').")
+
+
 def add_parser(commands) -> None:
     p = commands.add_parser("demo", help="stream a held-out completion with the bundled demo models")
     p.add_argument("--models", type=Path, default=None, help="demo models directory (target/, drafter/, heldout.jsonl)")
@@ -75,13 +81,16 @@ def run(args) -> int:
     print(f"\nthis prompt: {len(result.tokens[0])} tokens | tau {result.tau:.2f} | DFlash {result.tokens_per_s:.1f} tok/s"
           f" | target alone {ar.tokens_per_s:.1f} tok/s | speedup {result.tokens_per_s / ar.tokens_per_s:.2f}x"
           + (f" | identical to target alone: {same}" if args.temperature == 0 else ""), file=sys.stderr)
+    all_identical = same == "yes"
     if args.summary_prompts:
-        _summary(pair, prompts[: args.summary_prompts], args, stops)
+        all_identical &= _summary(pair, prompts[: args.summary_prompts], args, stops)
+    if not all_identical and args.temperature == 0 and args.dtype != "fp32":
+        print(ROUNDING_NOTE.format(dtype=args.dtype), file=sys.stderr)
     return 0
 
 
-def _summary(pair, prompts: list[str], args, stops) -> None:
-    """Both decoders on several held-out prompts, measured side by side in this run."""
+def _summary(pair, prompts: list[str], args, stops) -> bool:
+    """Both decoders on several held-out prompts, measured side by side in this run; True if all identical."""
     from ..autoregressive import generate_autoregressive
     from ..decoding import generate
 
@@ -103,6 +112,7 @@ def _summary(pair, prompts: list[str], args, stops) -> None:
     if args.temperature == 0:
         line += f" | identical to target alone: {identical}/{len(prompts)}"
     print(line, file=sys.stderr)
+    return identical == len(prompts)
 
 
 def _params(model) -> str:
