@@ -38,7 +38,7 @@ def add_parser(commands) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--summary-prompts", type=int, default=8,
+    p.add_argument("--summary-prompts", type=int, default=24,
                    help="also measure tau and speedup over the first N held-out prompts (0: skip)")
     add_runtime_args(p)
     p.set_defaults(run=run)
