@@ -65,12 +65,15 @@ def plot_bars(path: Path, title: str, ylabel: str, labels: list[str], values: li
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    import textwrap
+
+    fig, ax = plt.subplots(figsize=(max(6.4, 1.1 * len(labels)), 4.4), dpi=120)
     ax.bar(labels, values, color="#4c72b0")
     if hline is not None:
         ax.axhline(hline, color="grey", linestyle="--", linewidth=1)
-    ax.set_title(title)
+    ax.set_title("\n".join(textwrap.wrap(title, 60)), fontsize=10)
     ax.set_ylabel(ylabel)
+    ax.tick_params(axis="x", labelrotation=25, labelsize=8)
     for i, v in enumerate(values):
         ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
     fig.tight_layout()
