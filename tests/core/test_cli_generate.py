@@ -98,3 +98,17 @@ def test_console_script_runs(pair):
     bad = subprocess.run([*exe, "generate", "--target", str(target), "--drafter", "/nope", "--prompt", "x"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "/nope" in bad.stderr
+
+
+def test_demo_streams_and_measures_side_by_side(tmp_path, capsys):
+    """`dflash demo` (what `make demo` runs) on a tiny pair: streamed text, then per-prompt and summary lines."""
+    save_tiny_pair(tmp_path)
+    prompts = ["def main(", "import os\n", "x = ["]
+    (tmp_path / "heldout.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    code, out, err = _run(capsys, "demo", "--models", str(tmp_path), "--prompt-index", "1", "--max-new-tokens", "24",
+                          "--dtype", "fp32", "--summary-prompts", "3")
+    assert code == 0, err
+    assert out.startswith("import os\n")
+    assert "this prompt: " in err and "identical to target alone: yes" in err
+    assert "3 held-out prompts: tau" in err and "identical to target alone: 3/3" in err
+    assert "note:" not in err  # fp32: nothing to explain

@@ -78,5 +78,5 @@ def test_preflight_checks_a_converted_directory(tmp_path):
     with pytest.raises(CheckpointError, match="model.safetensors changed since dflash-convert wrote it"):
         check_draft_dir(tmp_path / "sgl")
     (tmp_path / "sgl" / "launch.sh").unlink()
-    with pytest.raises(CheckpointError, match=r"launch.sh is missing \(and 1 more\)|is damaged"):
+    with pytest.raises(CheckpointError, match=r"launch.sh is missing \(and 1 more\)"):
         check_draft_dir(tmp_path / "sgl")

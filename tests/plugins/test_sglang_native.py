@@ -90,4 +90,5 @@ def test_plugin_hook_checks_the_draft_before_sglang_starts_dflash(tmp_path):
     data = bytearray(weights.read_bytes())
     data[-1] ^= 1
     weights.write_bytes(bytes(data))
-    assert "RAISED CheckpointError draft directory" in probe(8) and "changed since dflash-convert wrote it" in probe(8)
+    damaged = probe(8)
+    assert "RAISED CheckpointError draft directory" in damaged and "changed since dflash-convert wrote it" in damaged

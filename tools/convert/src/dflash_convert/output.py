@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Callable, Sequence
@@ -12,6 +11,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from dflash_core.drafter import resolve_dtype
+from dflash_core.fileio import write_json
 from dflash_core.manifest import MANIFEST, build_manifest
 
 from . import __version__
@@ -39,10 +39,6 @@ def map_tensors(table: Sequence[TensorRule], tensors: dict[str, torch.Tensor], d
 
 def save_weights(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     save_file(tensors, str(path), metadata={"format": "pt"})
-
-
-def write_json(path: Path, obj) -> None:
-    path.write_text(json.dumps(obj, indent=2) + "\n")
 
 
 def write_manifest(directory: Path, *, target: str, source, options: dict) -> dict:

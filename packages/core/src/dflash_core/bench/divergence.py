@@ -98,9 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     notes = [f"{result['divergent']} of {result['prompts']} greedy outputs differ in {args.dtype}; "
              "gaps are logit differences between the two competing tokens on the same prefix",
              "rounding step: the spacing of representable values at that logit's magnitude"]
+    command = "python -m dflash_core.bench.divergence " + " ".join(sys.argv[1:] if argv is None else argv)
     write_report(args.out, f"divergence_{args.dtype}", title=f"Where greedy outputs part in {args.dtype}",
-                 command="python -m dflash_core.bench.divergence " + " ".join(sys.argv[1:] if argv is None else argv), columns=columns,
-                 rows=rows, data=result, notes=notes)
+                 command=command, columns=columns, rows=rows, data=result, notes=notes)
     return 0
 
 

@@ -60,14 +60,23 @@ def measure_pair(spec: PairSpec, prompts: list[str], *, max_new_tokens: int, dty
                  hf_baseline: bool = True, seed: int = 0) -> dict:
     pair = load_pair(spec.target, spec.drafter, dtype, "cpu", spec.backend)
     stops = stop_token_ids(pair.target, pair.tokenizer)
-    totals = Totals()
     warm = encode(pair.tokenizer, prompts[0], "cpu")
     generate(pair.target, pair.drafter, warm, max_new_tokens=32, stop_token_ids=stops)
     generate_autoregressive(pair.target, warm, max_new_tokens=8, stop_token_ids=stops)
-    for i, prompt in enumerate(tqdm(prompts, desc=spec.label, unit="prompt", dynamic_ncols=True, leave=False)):
-        ids = encode(pair.tokenizer, prompt, "cpu")
-        kwargs = {"max_new_tokens": max_new_tokens, "temperature": temperature, "stop_token_ids": stops,
-                  "seed": seed + i}
+    totals = measure_prompts(pair, prompts, stops, max_new_tokens=max_new_tokens, temperature=temperature,
+                             seed=seed, hf_baseline=hf_baseline, label=spec.label)
+    return totals.row()
+
+
+def measure_prompts(pair, prompts: list[str], stops: list[int], *, max_new_tokens: int, temperature: float = 0.0,
+                    top_p: float = 1.0, top_k: int = 0, seed: int = 0, device: str = "cpu", hf_baseline: bool = False,
+                    label: str = "prompts") -> Totals:
+    """DFlash and the target alone back to back on every prompt (prompt i sampled with seed + i)."""
+    totals = Totals()
+    for i, prompt in enumerate(tqdm(prompts, desc=label, unit="prompt", dynamic_ncols=True, leave=False)):
+        ids = encode(pair.tokenizer, prompt, device)
+        kwargs = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
+                  "stop_token_ids": stops, "seed": seed + i}
         ar = generate_autoregressive(pair.target, ids, **kwargs)
         spec_result = generate(pair.target, pair.drafter, ids, **kwargs)
         totals.tokens += len(spec_result.tokens[0])
@@ -82,7 +91,7 @@ def measure_pair(spec: PairSpec, prompts: list[str], *, max_new_tokens: int, dty
         totals.prompts += 1
         if hf_baseline and temperature == 0 and i < 4:
             totals.hf_tokens, totals.hf_s = _hf_generate(pair, ids, max_new_tokens, stops, totals)
-    return totals.row()
+    return totals
 
 
 def _hf_generate(pair, ids, max_new_tokens, stops, totals) -> tuple[int, float]:

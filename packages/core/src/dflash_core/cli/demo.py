@@ -77,11 +77,11 @@ def run(args) -> int:
     sys.stdout.write("\033[0m\n") if sys.stdout.isatty() else print()
     ar = generate_autoregressive(pair.target, ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                  top_p=args.top_p, top_k=args.top_k, stop_token_ids=stops, seed=args.seed)
-    same = "yes" if result.tokens == ar.tokens else "NO"
+    all_identical = result.tokens == ar.tokens
     print(f"\nthis prompt: {len(result.tokens[0])} tokens | tau {result.tau:.2f} | DFlash {result.tokens_per_s:.1f} tok/s"
           f" | target alone {ar.tokens_per_s:.1f} tok/s | speedup {result.tokens_per_s / ar.tokens_per_s:.2f}x"
-          + (f" | identical to target alone: {same}" if args.temperature == 0 else ""), file=sys.stderr)
-    all_identical = same == "yes"
+          + (f" | identical to target alone: {'yes' if all_identical else 'NO'}" if args.temperature == 0 else ""),
+          file=sys.stderr)
     if args.summary_prompts:
         all_identical &= _summary(pair, prompts[: args.summary_prompts], args, stops)
     if not all_identical and args.temperature == 0 and args.dtype != "fp32":
@@ -91,28 +91,18 @@ def run(args) -> int:
 
 def _summary(pair, prompts: list[str], args, stops) -> bool:
     """Both decoders on several held-out prompts, measured side by side in this run; True if all identical."""
-    from ..autoregressive import generate_autoregressive
-    from ..decoding import generate
+    from ..bench.e2e import measure_prompts
 
-    spec_tokens = ar_tokens = steps = committed = identical = 0
-    spec_s = ar_s = 0.0
-    for i, text in enumerate(prompts):
-        ids = encode(pair.tokenizer, text, args.device)
-        kwargs = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
-                  "top_k": args.top_k, "stop_token_ids": stops, "seed": args.seed + i}
-        spec = generate(pair.target, pair.drafter, ids, **kwargs)
-        ar = generate_autoregressive(pair.target, ids, **kwargs)
-        spec_tokens, ar_tokens = spec_tokens + len(spec.tokens[0]), ar_tokens + len(ar.tokens[0])
-        spec_s, ar_s = spec_s + spec.total_s, ar_s + ar.total_s
-        steps, committed = steps + len(spec.acceptance_lengths[0]), committed + sum(spec.acceptance_lengths[0])
-        identical += spec.tokens == ar.tokens
-    speedup = (spec_tokens / spec_s) / (ar_tokens / ar_s)
-    line = (f"{len(prompts)} held-out prompts: tau {committed / max(1, steps):.2f} | DFlash {spec_tokens / spec_s:.1f} "
-            f"tok/s | target alone {ar_tokens / ar_s:.1f} tok/s | speedup {speedup:.2f}x")
+    totals = measure_prompts(pair, prompts, stops, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                             top_p=args.top_p, top_k=args.top_k, seed=args.seed, device=args.device,
+                             label="held-out prompts")
+    row = totals.row()
+    line = (f"{len(prompts)} held-out prompts: tau {row['tau']:.2f} | DFlash {row['dflash_tok_s']:.1f} tok/s | "
+            f"target alone {row['target_tok_s']:.1f} tok/s | speedup {row['speedup']:.2f}x")
     if args.temperature == 0:
-        line += f" | identical to target alone: {identical}/{len(prompts)}"
+        line += f" | identical to target alone: {row['identical']}"
     print(line, file=sys.stderr)
-    return identical == len(prompts)
+    return totals.matches == totals.prompts
 
 
 def _params(model) -> str:

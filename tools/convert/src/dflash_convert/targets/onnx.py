@@ -8,10 +8,10 @@ import numpy as np
 import torch
 
 from dflash_core.drafter import resolve_dtype
+from dflash_core.fileio import write_json
 from dflash_core.onnx_export import OPSET, DrafterGraph, example_inputs, export_onnx
 
 from ..errors import VerificationFailed
-from ..output import write_json
 from ..source import drafter_from_source
 from ..target_facts import target_lm_head
 from . import Job, Result

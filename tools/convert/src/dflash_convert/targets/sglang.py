@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dflash_core.fileio import write_json
 from dflash_sglang.layout import SGLANG_VERSION, check_capturable, launch_command, sglang_config
 
-from ..output import write_json, write_launcher
+from ..output import write_launcher
 from . import Job, Result, mask_token_added, target_path_or_placeholder
 from .published import write_published, verify_round_trip
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dflash_core.fileio import write_json
 from dflash_trtllm.plan import ShapeLimits, build_plan, missing_requirements, profile_shapes
 
 from ..errors import MissingRequirement
-from ..output import write_json
 from . import Job, Result
 from . import onnx as onnx_target
 
