@@ -70,7 +70,7 @@ def tiny_drafter(config: DFlashConfig, *, seed: int = 0, std: float = 0.2, dtype
 
 def tiny_tokenizer(vocab_size: int = 300):
     """A real byte-level BPE (trained here on a little Python source), with end-of-text."""
-    from dflash_core.demo.tokenizer import train_tokenizer
+    from dflash_demo.tokenizer import train_tokenizer
 
     text = open(__file__, encoding="utf-8").read()
     return train_tokenizer([text] * 4, vocab_size=vocab_size)

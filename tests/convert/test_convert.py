@@ -117,14 +117,13 @@ def test_onnx_parity(pair, tmp_path, capsys, dtype):
     code, stdout, _ = run(capsys, drafter, "--to", "onnx", "--out", out, "--dtype", dtype)
     assert code == 0
     parity = json.loads((out / "parity.json").read_text())
-    assert f"max abs diff vs torch fp32" in stdout or not parity["runnable"]
-    if dtype == "fp32":
-        assert parity["runnable"] and parity["max_abs_diff"] <= 1e-4
+    # both precisions run on ONNX Runtime's CPU provider (only bf16 does not: numpy has no bfloat16)
+    assert parity["runnable"], parity.get("reason")
+    assert "max abs diff vs torch fp32" in stdout
+    assert parity["max_abs_diff"] <= (1e-4 if dtype == "fp32" else 2e-2)
     # independent check at shapes the converter did not use
     session = ort.InferenceSession(str(out / "drafter.onnx"), providers=["CPUExecutionProvider"])
     reference = DrafterGraph(load_drafter(drafter).float()).eval()
-    if dtype == "fp16" and not parity["runnable"]:
-        pytest.skip(f"ONNX Runtime CPU cannot run the fp16 graph: {parity['reason']}")
     for batch, new, block, past in [(4, 2, 8, 30), (1, 50, 16, 0), (2, 1, 3, 100)]:
         inputs = example_inputs(reference.drafter, torch.float32, batch, new, block, past, seed=batch)
         feeds = {i.name: (x.half() if dtype == "fp16" and x.is_floating_point() else x).numpy()
@@ -188,7 +187,7 @@ def test_sharded_and_training_sources(pair, tmp_path, capsys):
                "--out", tmp_path / "a")[0] == 0
     assert _same_weights(drafter, tmp_path / "a")
     # a `dflash train` state directory (fp32 master weights + state.json)
-    from dflash_core.training.checkpointing import save_training_state
+    from dflash_core.training.train_state import save_training_state
 
     optimizer = torch.optim.AdamW(d.float().parameters())
     save_training_state(tmp_path / "run" / "train_state", d.state_dict(), optimizer,

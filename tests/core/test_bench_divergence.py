@@ -7,7 +7,7 @@ import json
 import pytest
 from tiny import save_tiny_pair
 
-from dflash_core.bench import divergence
+from dflash_bench import divergence
 
 
 def test_rounding_step_is_one_unit_in_the_last_place():

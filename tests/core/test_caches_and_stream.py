@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from dflash_core import TargetModel, generate, generate_stream
+from dflash_core import DecodeProfile, TargetModel, generate, generate_stream
 from dflash_core.target_cache import TargetCache
 from tiny import drafter_config, tiny_drafter, tiny_target
 
@@ -62,11 +62,16 @@ def test_stream_yields_exactly_what_generate_returns():
     assert stream.result.acceptance_lengths == expected.acceptance_lengths
 
 
-def test_timings_are_reported():
+def test_timings_are_opt_in_and_reported_in_a_profile():
     model = tiny_target(vocab=16)
     drafter = tiny_drafter(drafter_config(model, block_size=4))
-    result = generate(model, drafter, torch.tensor([[1, 2]]), max_new_tokens=12)
-    assert result.prefill_s > 0 and result.draft_s > 0 and result.verify_s > 0
-    assert result.decode_s >= result.draft_s + result.verify_s
-    assert result.tokens_per_s > 0 and len(result.tokens[0]) == 12
-    assert set(result.to_dict()) >= {"tokens", "tau", "acceptance_lengths", "tokens_per_s"}
+    plain = generate(model, drafter, torch.tensor([[1, 2]]), max_new_tokens=12)
+    assert not hasattr(plain, "draft_s") and set(plain.to_dict()) == {"tokens", "tau", "acceptance_lengths",
+                                                                      "finish_reasons"}
+    profile = DecodeProfile()
+    result = generate(model, drafter, torch.tensor([[1, 2]]), max_new_tokens=12, profile=profile)
+    assert result.tokens == plain.tokens
+    assert profile.prefill_s > 0 and profile.draft_s > 0 and profile.verify_s > 0
+    assert profile.decode_s >= profile.draft_s + profile.verify_s
+    assert profile.steps == len(result.acceptance_lengths[0])
+    assert profile.tokens_per_s(result.num_new_tokens) > 0 and len(result.tokens[0]) == 12

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from tiny import save_tiny_pair
 
-from dflash_core.cli import main
+from dflash_cli import main
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 import torch
-from dflash_core import generate
+from dflash_core import generate, generate_autoregressive
 from tiny import ARCHS, drafter_config, tiny_drafter, tiny_target
 
 
@@ -127,9 +128,20 @@ def test_rows_finish_on_their_own():
     assert "stop" in result.finish_reasons
 
 
-def test_bf16_runs_and_mostly_agrees():
-    model = tiny_target(vocab=64, dtype=torch.bfloat16, seed=2)
-    drafter = tiny_drafter(drafter_config(model, block_size=8), seed=2, dtype=torch.bfloat16)
-    result = generate(model, drafter, torch.tensor([[1, 2, 3, 4]]), max_new_tokens=20)
-    assert len(result.tokens[0]) == 20
-    assert result.tokens[0][:5] == target_greedy(model, [1, 2, 3, 4], 20)[:5]
+@pytest.mark.parametrize("seed", [2, 3, 4])
+def test_bf16_equals_the_target_or_parts_only_at_a_rounding_tie(seed):
+    """In bf16 a 8-token verify and a 1-token forward round differently: outputs may part, but only
+    where the target's two competing logits are within bf16 rounding of each other."""
+    model = tiny_target(vocab=64, dtype=torch.bfloat16, seed=seed)
+    drafter = tiny_drafter(drafter_config(model, block_size=8), seed=seed, dtype=torch.bfloat16)
+    prompt = [1, 2, 3, 4]
+    spec = generate(model, drafter, torch.tensor([prompt]), max_new_tokens=20).tokens[0]
+    alone = generate_autoregressive(model, torch.tensor([prompt]), max_new_tokens=20).tokens[0]
+    assert len(spec) == len(alone) == 20
+    parted = next((i for i, (a, b) in enumerate(zip(spec, alone)) if a != b), None)
+    if parted is not None:
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + alone[:parted]])).logits[0, -1].float()
+        gap = abs(float(logits[spec[parted]] - logits[alone[parted]]))
+        step = 2.0 ** (math.floor(math.log2(abs(float(logits[alone[parted]])) + 1e-30)) - 7)  # one bf16 ulp
+        assert gap <= 4 * step, f"outputs part at token {parted} with a logit gap of {gap}, not a rounding tie"

@@ -16,10 +16,10 @@ import torch
 from tiny import save_tiny_pair
 
 from dflash_core import generate, load_drafter
-from dflash_core.cli import main
+from dflash_cli import main
 from dflash_core.masks import block_attention_mask
 from dflash_core.training.batches import make_batch, sample_index
-from dflash_core.training.checkpointing import load_training_state
+from dflash_core.training.train_state import load_training_state
 from dflash_core.training.data import TokenDataset
 
 DFLASH = str(Path(sys.executable).parent / "dflash")
@@ -191,7 +191,7 @@ def test_ddp_two_cpu_processes_keep_identical_replicas(setup, tmp_path):
     out = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), "-m", "dflash_core.cli", "train", "--target", str(target),
+           "--master_port", str(_free_port()), "-m", "dflash_cli", "train", "--target", str(target),
            "--data", str(data), "--out", str(out), "--block-size", "4", "--anchors", "6", "--batch-size", "2",
            "--max-steps", "5", "--no-progress", *FAST]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)

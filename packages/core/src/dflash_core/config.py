@@ -14,13 +14,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from .dtypes import CONFIG_NAMES
 from .errors import ConfigError
 from .fileio import write_json
 
 ARCHITECTURE = "DFlashDraftModel"
 CONFIG_FILE = "config.json"
 LAYER_TYPES = ("full_attention", "sliding_attention")
-DTYPES = ("float32", "bfloat16", "float16")
 # rope types whose frequencies do not depend on the sequence length (so one graph serves all lengths)
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -345,8 +345,8 @@ def _validate(c: DFlashConfig) -> None:
         )
     if c.hidden_act != "silu":
         raise ConfigError(f"field 'hidden_act' is {c.hidden_act!r}, expected 'silu'.")
-    if c.dtype not in DTYPES:
-        raise ConfigError(f"field 'dtype' is {c.dtype!r}, expected one of {', '.join(DTYPES)}.")
+    if c.dtype not in CONFIG_NAMES:
+        raise ConfigError(f"field 'dtype' is {c.dtype!r}, expected one of {', '.join(CONFIG_NAMES)}.")
     _validate_layer_types(c)
 
 

@@ -14,31 +14,29 @@ target's own conditional, so the output distribution is the target's.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
 
-from .compat import check_compatibility
-from .drafter import Drafter
-from .request import check_request, commit_tokens, split_prompts, sync_device
-from .sampling import SamplingParams, choose_tokens
+from .drafter_backend import DrafterBackend
+from .pairing import check_compatibility
+from .profiling import DecodeProfile, PhaseClock
+from .request_checks import check_request, split_prompts
+from .sampling import SamplingParams, choose_tokens, make_generator
 from .target import TargetModel
 from .target_cache import TargetCache
 
 
 @dataclass
 class GenerationResult:
-    """What `generate` returns; times in seconds, one list per prompt row."""
+    """What `generate` returns: outputs only, one list per prompt row (timings: `DecodeProfile`)."""
 
     tokens: list[list[int]]
     acceptance_lengths: list[list[int]]
+    """Tokens committed by each verify step of the row (accepted drafts + the target's own token)."""
     finish_reasons: list[str]
-    prefill_s: float = 0.0
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    decode_s: float = 0.0
+    """"stop" (a stop token was emitted) or "length" (max_new_tokens reached), per row."""
 
     @property
     def num_new_tokens(self) -> int:
@@ -50,27 +48,18 @@ class GenerationResult:
         steps = [a for row in self.acceptance_lengths for a in row]
         return sum(steps) / len(steps) if steps else 0.0
 
-    @property
-    def total_s(self) -> float:
-        return self.prefill_s + self.decode_s
-
-    @property
-    def tokens_per_s(self) -> float:
-        """New tokens per second of wall time, prefill included."""
-        return self.num_new_tokens / self.total_s if self.total_s > 0 else 0.0
-
-    @property
-    def overhead_s(self) -> float:
-        """Decode time spent outside the drafter and target forwards (the loop's own cost)."""
-        return max(0.0, self.decode_s - self.draft_s - self.verify_s)
-
     def to_dict(self) -> dict:
-        return {
-            "tokens": self.tokens, "acceptance_lengths": self.acceptance_lengths,
-            "finish_reasons": self.finish_reasons, "tau": self.tau, "tokens_per_s": self.tokens_per_s,
-            "prefill_s": self.prefill_s, "draft_s": self.draft_s, "verify_s": self.verify_s,
-            "decode_s": self.decode_s, "overhead_s": self.overhead_s,
-        }
+        return {"tokens": self.tokens, "acceptance_lengths": self.acceptance_lengths,
+                "finish_reasons": self.finish_reasons, "tau": self.tau}
+
+
+def commit_tokens(new: list[int], remaining: int, stops: frozenset[int]) -> tuple[list[int], str | None]:
+    """Cut a row's newly accepted tokens at max_new_tokens and after the first stop token."""
+    for i, token in enumerate(new[:remaining]):
+        if token in stops:
+            return new[: i + 1], "stop"
+    kept = new[:remaining]
+    return kept, ("length" if len(kept) == remaining else None)
 
 
 @dataclass
@@ -90,30 +79,33 @@ class DecodeStream:
 
     @property
     def result(self) -> GenerationResult:
-        """Everything committed so far, with timings (complete once iteration has ended)."""
+        """Everything committed so far (complete once iteration has ended)."""
         return self._decoder.result
 
     def __iter__(self) -> Iterator[list[list[int]]]:
         return _run(self._decoder)
 
 
-def generate(target, drafter: Drafter, input_ids: torch.Tensor, *, max_new_tokens: int,
+def generate(target, drafter: DrafterBackend, input_ids: torch.Tensor, *, max_new_tokens: int,
              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
              stop_token_ids: Sequence[int] | None = None, attention_mask: torch.Tensor | None = None,
-             seed: int | None = None) -> GenerationResult:
-    """Speculatively decode `input_ids` [B, T] with `drafter`; output is exactly the target's."""
+             seed: int | None = None, profile: DecodeProfile | None = None) -> GenerationResult:
+    """Speculatively decode `input_ids` [B, T] with `drafter`; output is exactly the target's.
+
+    `profile`: a `DecodeProfile` to fill with per-phase timings (off by default: no clocks, no syncs).
+    """
     stream = generate_stream(target, drafter, input_ids, max_new_tokens=max_new_tokens, temperature=temperature,
                              top_p=top_p, top_k=top_k, stop_token_ids=stop_token_ids,
-                             attention_mask=attention_mask, seed=seed)
+                             attention_mask=attention_mask, seed=seed, profile=profile)
     for _ in stream:
         pass
     return stream.result
 
 
-def generate_stream(target, drafter: Drafter, input_ids: torch.Tensor, *, max_new_tokens: int,
+def generate_stream(target, drafter: DrafterBackend, input_ids: torch.Tensor, *, max_new_tokens: int,
                     temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                     stop_token_ids: Sequence[int] | None = None, attention_mask: torch.Tensor | None = None,
-                    seed: int | None = None) -> DecodeStream:
+                    seed: int | None = None, profile: DecodeProfile | None = None) -> DecodeStream:
     """Like `generate`, yielding each step's committed tokens as they are accepted.
 
     Arguments are validated here, before the first step runs.
@@ -122,11 +114,12 @@ def generate_stream(target, drafter: Drafter, input_ids: torch.Tensor, *, max_ne
     target = as_target(target, drafter)
     prompts = split_prompts(input_ids, attention_mask)
     check_request(target, prompts, max_new_tokens)
+    generator = make_generator(params, seed, target.device)
     return DecodeStream(_Decoder(target, drafter, prompts, max_new_tokens, params, frozenset(stop_token_ids or ()),
-                                 seed))
+                                 generator, profile))
 
 
-def as_target(target, drafter: Drafter) -> TargetModel:
+def as_target(target, drafter: DrafterBackend) -> TargetModel:
     """Wrap a Hugging Face model (or re-point an adapter) at the drafter's feature layers, checked."""
     if not isinstance(target, TargetModel):
         target = TargetModel(target)
@@ -141,24 +134,24 @@ def as_target(target, drafter: Drafter) -> TargetModel:
 def _run(decoder: "_Decoder") -> Iterator[list[list[int]]]:
     """Drive a decoder: prefill, then one draft-verify-accept step per iteration."""
     yield decoder.prefill()
-    started = time.perf_counter()
+    clock = PhaseClock(decoder.profile, decoder.device)
+    clock.start()
     while decoder.rows.ids:
         yield decoder.step()
-    decoder.result.decode_s = time.perf_counter() - started
+    clock.charge("decode_s")
 
 
 class _Decoder:
     """One generate() call: owns both caches and the per-row state of the active batch."""
 
-    def __init__(self, target: TargetModel, drafter: Drafter, prompts: list[list[int]], max_new_tokens: int,
-                 params: SamplingParams, stops: frozenset[int], seed: int | None) -> None:
+    def __init__(self, target: TargetModel, drafter: DrafterBackend, prompts: list[list[int]], max_new_tokens: int,
+                 params: SamplingParams, stops: frozenset[int], generator: torch.Generator | None,
+                 profile: DecodeProfile | None) -> None:
         self.target, self.drafter, self.params, self.stops = target, drafter, params, stops
         self.prompts, self.max_new_tokens = prompts, max_new_tokens
         self.device = target.device
-        self.generator = None
-        if not params.greedy:
-            self.generator = torch.Generator(device=self.device)
-            self.generator.manual_seed(seed if seed is not None else torch.seed())
+        self.generator, self.profile = generator, profile
+        self.clock = PhaseClock(profile, self.device)
         batch = len(prompts)
         self.block = drafter.config.block_size
         self.result = GenerationResult([[] for _ in prompts], [[] for _ in prompts], ["length"] * batch)
@@ -172,7 +165,7 @@ class _Decoder:
 
     def prefill(self) -> list[list[int]]:
         """Run the prompts (right-padded) through the target; fill both caches; commit the first tokens."""
-        started = time.perf_counter()
+        self.clock.start()
         lengths = [len(p) for p in self.prompts]
         width = max(lengths)
         ids = torch.tensor([p + [p[-1]] * (width - len(p)) for p in self.prompts], device=self.device)
@@ -184,24 +177,20 @@ class _Decoder:
         last = out.hidden[torch.arange(len(lengths), device=self.device), torch.tensor(lengths, device=self.device) - 1]
         self.rows.last = choose_tokens(self.target.logits(last), self.params, self.generator)
         emitted = self._emit([[t] for t in self.rows.last.tolist()], verified=False)
-        sync_device(self.device)
-        self.result.prefill_s = time.perf_counter() - started
+        self.clock.charge("prefill_s")
         return emitted
 
     def step(self) -> list[list[int]]:
         """Draft one block per row, verify it in one target pass, commit what the target agrees with."""
-        t0 = time.perf_counter()
+        clock = self.clock
+        clock.start()
         positions = torch.tensor(self.tcache.lengths, device=self.device)[:, None] + self.offsets  # [B, Q]
         drafts = self._draft(positions)  # [B, Q-1]
-        sync_device(self.device)
-        t1 = time.perf_counter()
+        clock.charge("draft_s")
         verify_ids = torch.cat([self.rows.last[:, None], drafts], dim=1)
         out = self.target(verify_ids, positions, self.tcache.cache, self.tcache.attention_mask(self.target, positions))
         chosen = choose_tokens(self.target.logits(out.hidden), self.params, self.generator)  # y_i, [B, Q]
-        sync_device(self.device)
-        t2 = time.perf_counter()
-        self.result.draft_s += t1 - t0
-        self.result.verify_s += t2 - t1
+        clock.charge("verify_s")
         # a = length of the longest prefix with d_{i+1} == y_i; then y_a is the target's own next token
         accepted = (drafts == chosen[:, :-1]).cumprod(dim=1).sum(dim=1)  # [B]
         bonus = chosen.gather(1, accepted[:, None])[:, 0]  # [B]
@@ -209,11 +198,12 @@ class _Decoder:
         counts = [h[0] + 1 for h in host]  # block positions the target has now verified, per row
         self.tcache.commit(self.block, counts)
         keep = max(counts)
-        t3 = time.perf_counter()
+        clock.start()
         # KV injection of the accepted tokens: drafter work, timed as drafting
         self.drafter.extend_cache(self.dcache, out.features[:, :keep], positions[:, :keep], counts)
-        sync_device(self.device)
-        self.result.draft_s += time.perf_counter() - t3
+        clock.charge("draft_s")
+        if self.profile is not None:
+            self.profile.steps += 1
         self.rows.last = bonus
         return self._emit([h[2 : 2 + h[0]] + [h[1]] for h in host], verified=True)
 

@@ -20,7 +20,6 @@ class DraftKVCache:
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.lengths = [0] * batch
-        self.deferred: tuple[torch.Tensor, torch.Tensor, list[int]] | None = None
 
     @property
     def capacity(self) -> int:
@@ -64,21 +63,9 @@ class DraftKVCache:
         slots = torch.arange(self.max_length, device=self.k.device)
         return slots[None, :] < torch.tensor(self.lengths, device=self.k.device)[:, None]
 
-    def defer(self, features: torch.Tensor, positions: torch.Tensor, counts: list[int]) -> None:
-        """Park raw context features for a runtime that projects them itself on its next draft."""
-        self.deferred = (features, positions, counts)
-
-    def take_deferred(self) -> tuple[torch.Tensor, torch.Tensor, list[int]] | None:
-        deferred, self.deferred = self.deferred, None
-        return deferred
-
     def select_rows(self, rows: list[int]) -> None:
         """Keep only the given batch rows (finished rows leave the batch)."""
         index = torch.tensor(rows, device=self.k.device)
-        if self.deferred is not None:
-            features, positions, counts = self.deferred
-            self.deferred = (features[index.to(features.device)], positions[index.to(positions.device)],
-                             [counts[r] for r in rows])
         self.k = self.k.index_select(1, index)
         self.v = self.v.index_select(1, index)
         self.lengths = [self.lengths[r] for r in rows]

@@ -16,24 +16,11 @@ from . import graph
 from .checkpoint import check_drafter_tensors, load_tensors, save_tensors
 from .config import DFlashConfig
 from .draft_cache import DraftKVCache
+from .dtypes import config_name, resolve_dtype
 from .errors import CheckpointError, CompatibilityError
 from .masks import block_attention_mask, window_mask
 from .rope import rope_frequencies
 from .sampling import greedy_tokens
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
-    """torch dtype from a torch dtype, a config string ('bfloat16') or a short name ('bf16')."""
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    aliases = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
-    name = aliases.get(str(dtype), str(dtype))
-    if name not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; expected one of fp32, bf16, fp16")
-    return _DTYPES[name]
-
 
 class _Norm(nn.Module):
     def __init__(self, size: int) -> None:
@@ -224,7 +211,7 @@ class Drafter(nn.Module):
                         dtype: torch.dtype | str | None = None) -> None:
         """Write config.json + model.safetensors (or shards + index) in the published format."""
         dtype = resolve_dtype(dtype) or self.dtype
-        name = {v: k for k, v in _DTYPES.items()}[dtype]
+        name = config_name(dtype)
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         tensors = {k: v.to(dtype) for k, v in self.state_dict().items()}

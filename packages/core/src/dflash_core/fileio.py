@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -53,14 +54,25 @@ def atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator[Any]:
         yield handle
 
 
-def sha256_file(path: str | os.PathLike) -> str:
-    """Hex sha256 of a file's bytes, read in 1 MiB chunks."""
-    import hashlib
-
-    digest = hashlib.sha256()
+def _hash_into(digest, path: str | os.PathLike) -> None:
     with open(path, "rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    _hash_into(digest, path)
+    return digest.hexdigest()
+
+
+def sha256_files(paths: list[Path]) -> str:
+    """One hex sha256 over several files: each file's name then its bytes, in name order."""
+    digest = hashlib.sha256()
+    for path in sorted(set(paths)):
+        digest.update(Path(path).name.encode())
+        _hash_into(digest, path)
     return digest.hexdigest()
 
 

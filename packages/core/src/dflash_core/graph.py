@@ -116,17 +116,17 @@ def inject_context(
 def draft_layer(
     lw: LayerWeights,
     dims: DrafterDims,
-    h: torch.Tensor,
+    hidden: torch.Tensor,
     ctx_k: torch.Tensor,
     ctx_v: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
     mask: torch.Tensor | None,
 ) -> torch.Tensor:
-    """One decoder layer over the block. h [B, Q, H]; ctx_k/ctx_v [B, g, C, d]; cos/sin [B, Q, d]."""
-    batch, q_len, _ = h.shape
+    """One decoder layer over the block. hidden [B, Q, H]; ctx_k/ctx_v [B, g, C, d]; cos/sin [B, Q, d]."""
+    batch, q_len, _ = hidden.shape
     heads, kv_heads, d = dims.num_heads, dims.num_kv_heads, dims.head_dim
-    x = rms_norm(h, lw.input_norm, dims.eps)
+    x = rms_norm(hidden, lw.input_norm, dims.eps)
     q, k, v = F.linear(x, lw.qkv).split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
     q = rms_norm(q.view(batch, q_len, heads, d), lw.q_norm, dims.eps).transpose(1, 2)
     k = rms_norm(k.view(batch, q_len, kv_heads, d), lw.k_norm, dims.eps).transpose(1, 2)
@@ -137,10 +137,10 @@ def draft_layer(
     k = torch.cat([ctx_k, k], dim=2)
     v = torch.cat([ctx_v, v], dim=2)
     out = attention(q, k, v, mask, d**-0.5)  # [B, h, Q, d]
-    h = h + F.linear(out.transpose(1, 2).reshape(batch, q_len, heads * d), lw.o)
-    x = rms_norm(h, lw.post_norm, dims.eps)
+    hidden = hidden + F.linear(out.transpose(1, 2).reshape(batch, q_len, heads * d), lw.o)
+    x = rms_norm(hidden, lw.post_norm, dims.eps)
     gate, up = F.linear(x, lw.gate_up).chunk(2, dim=-1)
-    return h + F.linear(F.silu(gate) * up, lw.down)
+    return hidden + F.linear(F.silu(gate) * up, lw.down)
 
 
 def draft_forward(
@@ -159,7 +159,7 @@ def draft_forward(
     Returns the final-normed hidden states [B, Q, H].
     """
     cos, sin = rope_cos_sin(block_positions, w.inv_freq, dims.rope_scaling, noise_embedding.dtype)
-    h = noise_embedding
+    hidden = noise_embedding
     for i, lw in enumerate(w.layers):
-        h = draft_layer(lw, dims, h, ctx_k[i], ctx_v[i], cos, sin, masks[i])
-    return rms_norm(h, w.norm, dims.eps)
+        hidden = draft_layer(lw, dims, hidden, ctx_k[i], ctx_v[i], cos, sin, masks[i])
+    return rms_norm(hidden, w.norm, dims.eps)

@@ -43,6 +43,7 @@ DYNAMIC_AXES = {
     "present_value": {1: "batch", 3: "context"},
 }
 METADATA_KEY = "dflash_config"
+GRAPH_FILE = "drafter.onnx"  # the graph's name inside a `dflash-convert --to onnx` directory
 OPSET = 17
 
 

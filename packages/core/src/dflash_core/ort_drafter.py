@@ -1,9 +1,9 @@
 """A drafter that runs the exported ONNX graph with ONNX Runtime, inside the same lossless loop.
 
-It speaks the decoder's drafter protocol (`config`, `new_cache`, `extend_cache`, `propose`,
-`check_runtime`). Context features of accepted tokens are held back until the next draft, where
-the graph projects them (KV injection) and returns them as `present_*`; the new entries are then
-appended to an ordinary `DraftKVCache`, so ragged batches work exactly as with torch.
+It implements `DrafterBackend`. Context features of accepted tokens are held back (in this
+backend's own `OrtDraftState`) until the next draft, where the graph projects them (KV injection)
+and returns them as `present_*`; the new entries are then appended to an ordinary `DraftKVCache`,
+so ragged batches work exactly as with torch.
 """
 
 from __future__ import annotations
@@ -17,11 +17,28 @@ import torch
 from .config import DFlashConfig
 from .draft_cache import DraftKVCache
 from .errors import CheckpointError, CompatibilityError
-from .onnx_export import read_config_metadata
+from .onnx_export import GRAPH_FILE, read_config_metadata
 from .sampling import greedy_tokens
 
-GRAPH_FILE = "drafter.onnx"
 _NUMPY_TO_TORCH = {"tensor(float)": torch.float32, "tensor(float16)": torch.float16}
+
+
+class OrtDraftState:
+    """Context K/V of the accepted tokens, plus features not yet projected (the graph does that)."""
+
+    def __init__(self, kv: DraftKVCache) -> None:
+        self.kv = kv
+        self.pending: tuple[torch.Tensor, torch.Tensor, list[int]] | None = None  # features, positions, counts
+
+    def take_pending(self) -> tuple[torch.Tensor, torch.Tensor, list[int]] | None:
+        pending, self.pending = self.pending, None
+        return pending
+
+    def select_rows(self, rows: list[int]) -> None:
+        if self.pending is not None:
+            features, positions, counts = self.pending
+            self.pending = (features[rows], positions[rows], [counts[r] for r in rows])
+        self.kv.select_rows(rows)
 
 
 def load_onnx_drafter(path: str | os.PathLike, threads: int = 0,
@@ -68,21 +85,23 @@ class OnnxRuntimeDrafter:
         if target.device.type != "cpu":
             raise CompatibilityError(f"the ONNX Runtime drafter runs on the CPU but the target is on {target.device}.")
 
-    def new_cache(self, batch: int, capacity: int) -> DraftKVCache:
+    def new_cache(self, batch: int, capacity: int) -> OrtDraftState:
         c = self.config
-        return DraftKVCache(c.num_hidden_layers, batch, c.num_key_value_heads, c.head_dim, capacity, "cpu", self.dtype)
+        return OrtDraftState(DraftKVCache(c.num_hidden_layers, batch, c.num_key_value_heads, c.head_dim, capacity,
+                                          "cpu", self.dtype))
 
-    def extend_cache(self, cache: DraftKVCache, target_hidden: torch.Tensor, positions: torch.Tensor,
+    def extend_cache(self, cache: OrtDraftState, target_hidden: torch.Tensor, positions: torch.Tensor,
                      counts: list[int]) -> None:
         """Hold the accepted tokens' features; the next `propose` projects them in-graph."""
-        cache.defer(target_hidden.to(self.dtype), positions, counts)
+        cache.pending = (target_hidden.to(self.dtype), positions, counts)
 
-    def propose(self, cache: DraftKVCache, noise_embedding: torch.Tensor, block_positions: torch.Tensor,
+    def propose(self, cache: OrtDraftState, noise_embedding: torch.Tensor, block_positions: torch.Tensor,
                 lm_head) -> torch.Tensor:
-        features, positions, counts = cache.take_deferred() or (
+        kv = cache.kv
+        features, positions, counts = cache.take_pending() or (
             noise_embedding.new_zeros(noise_embedding.shape[0], 0, self.config.fc_in_features).to(self.dtype),
             block_positions[:, :0], [0] * noise_embedding.shape[0])
-        past_key, past_value = cache.context()
+        past_key, past_value = kv.context()
         new = features.shape[1]
         new_valid = torch.arange(new)[None, :] < torch.tensor(counts)[:, None]
         feeds = {
@@ -91,11 +110,11 @@ class OnnxRuntimeDrafter:
             "position_ids": _np(torch.cat([positions, block_positions], dim=1).long()),
             "past_key": _np(past_key),
             "past_value": _np(past_value),
-            "context_valid": _np(torch.cat([cache.valid(), new_valid], dim=1)),
+            "context_valid": _np(torch.cat([kv.valid(), new_valid], dim=1)),
         }
         out, present_key, present_value = self.session.run(None, feeds)
         start = past_key.shape[3]
-        cache.append(torch.from_numpy(present_key[:, :, :, start:]), torch.from_numpy(present_value[:, :, :, start:]),
+        kv.append(torch.from_numpy(present_key[:, :, :, start:]), torch.from_numpy(present_value[:, :, :, start:]),
                      counts)
         out = torch.from_numpy(out)
         logits = out if self.has_lm_head else lm_head(out.to(noise_embedding.dtype))

@@ -68,3 +68,14 @@ def choose_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch
     probs = warp_logits(logits, params).softmax(dim=-1)
     flat = probs.reshape(-1, probs.shape[-1])
     return torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
+
+
+def make_generator(params: SamplingParams, seed: int | None, device: torch.device) -> torch.Generator | None:
+    """The random stream of one request: None when greedy, else seeded with `seed` (fresh when None)."""
+    if params.greedy:
+        return None
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64):
+        raise GenerationError(f"seed is {seed!r}, expected an integer in [0, 2^64).")
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed if seed is not None else torch.seed())
+    return generator

@@ -13,7 +13,6 @@ batch whose rows accept different numbers of tokens needs no recomputation (see 
 from __future__ import annotations
 
 import inspect
-import os
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -52,14 +51,6 @@ class TargetModel:
         self._cache_kwarg = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
         self.layer_ids: tuple[int, ...] = ()
         self.set_layer_ids(layer_ids)
-
-    @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, layer_ids: Sequence[int] = (), *,
-                        dtype: torch.dtype | None = None, device: torch.device | str = "cpu") -> "TargetModel":
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=False)
-        return cls(model.to(device).eval(), layer_ids)
 
     def set_layer_ids(self, layer_ids: Sequence[int]) -> None:
         bad = [i for i in layer_ids if not 0 <= i < self.num_layers]

@@ -20,13 +20,16 @@ from __future__ import annotations
 from typing import Any
 
 from dflash_core.config import DFlashConfig
+from dflash_core.dtypes import config_name
 from dflash_core.errors import CompatibilityError
 
 SGLANG_VERSION = "0.5.23"
+DEFAULT_DTYPE = "bf16"  # SGLang downcasts float32 drafters to float16; bf16 is what it serves DFlash in
 
 
 def sglang_config(config: DFlashConfig, dtype: str) -> dict[str, Any]:
-    """The config.json SGLang's DFlashDraftModel reads, from a DFlashConfig."""
+    """The config.json SGLang's DFlashDraftModel reads, from a DFlashConfig (dtype: 'bf16', 'bfloat16', ...)."""
+    dtype = config_name(dtype)
     raw = config.replace(dtype=dtype).to_dict()
     raw["dflash_config"]["block_size"] = config.block_size
     raw["torch_dtype"] = dtype
@@ -46,8 +49,9 @@ def check_capturable(config: DFlashConfig, target_layers: int | None) -> None:
 
 
 def launch_command(target: str, draft_dir: str, config: DFlashConfig, *, tokenizer: str | None = None,
-                   dtype: str = "bfloat16", port: int = 30000, extra: list[str] | None = None) -> list[str]:
+                   dtype: str = DEFAULT_DTYPE, port: int = 30000, extra: list[str] | None = None) -> list[str]:
     """`python -m sglang.launch_server ...` serving `target` with this drafter through native DFLASH."""
+    dtype = config_name(dtype)
     command = [
         "python", "-m", "sglang.launch_server",
         "--model-path", target,

@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from dflash_core.dtypes import SHORT_NAMES
 from dflash_core.errors import DFlashError
 from dflash_core.fileio import atomic_directory
 
@@ -35,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, type=Path, help="output directory (created atomically)")
     p.add_argument("--target-model", type=Path, default=None,
                    help="target model directory: enables compatibility checks and tokenizer updates")
-    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default=None,
+    p.add_argument("--dtype", choices=SHORT_NAMES, default=None,
                    help="precision of the output (default: bf16 for engines, fp32 for onnx, fp16 for tensorrt)")
     p.add_argument("--with-lm-head", action="store_true", help="onnx/tensorrt: output draft logits (needs --target-model)")
     p.add_argument("--force", action="store_true", help="replace an existing output directory")

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from dflash_core.drafter import resolve_dtype
+from dflash_core.dtypes import resolve_dtype
 from dflash_core.fileio import write_json
 from dflash_core.manifest import MANIFEST, build_manifest
 

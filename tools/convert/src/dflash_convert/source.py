@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +11,8 @@ import torch
 from dflash_core.checkpoint import INDEX_FILE, check_drafter_tensors, load_tensors, weight_files
 from dflash_core.config import DFlashConfig
 from dflash_core.errors import CheckpointError
-from dflash_core.training.checkpointing import STATE_FILE
+from dflash_core.fileio import sha256_files
+from dflash_core.training.train_state import STATE_FILE
 
 
 @dataclass
@@ -46,17 +46,7 @@ def read_source(path: str | Path) -> Source:
         if (directory / INDEX_FILE).is_file() and weights == directory:
             files.append(directory / INDEX_FILE)
     tensors = check_drafter_tensors(load_tensors(weights), config, str(path))
-    return Source(path=directory, config=config, tensors=tensors, sha256=_hash_files(files))
-
-
-def _hash_files(files: list[Path]) -> str:
-    digest = hashlib.sha256()
-    for file in sorted(set(files)):
-        digest.update(file.name.encode())
-        with open(file, "rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
-    return digest.hexdigest()
+    return Source(path=directory, config=config, tensors=tensors, sha256=sha256_files(files))
 
 
 def drafter_from_source(source: Source, dtype: torch.dtype = torch.float32):

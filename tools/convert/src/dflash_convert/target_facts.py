@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from dflash_core.compat import check_compatibility, ensure_mask_token
+from dflash_core.pairing import check_compatibility, ensure_mask_token
 from dflash_core.config import DFlashConfig
 from dflash_core.errors import CompatibilityError
 

@@ -21,17 +21,17 @@ from tqdm import tqdm
 
 from ..decoding import generate
 from ..drafter import Drafter
-from ..errors import CompatibilityError, ConfigError, DataError
+from ..errors import ConfigError, DataError
+from ..pairing import mask_token_for_training
 from ..target import TargetModel
 from .batches import make_batch, micro_positions
-from .checkpointing import has_training_state, load_training_state, save_training_state
+from .train_state import has_training_state, load_training_state, save_training_state
 from .data import TokenDataset
 from .objective import TrainingObjective
 from .recipe import TrainConfig, drafter_config_for
 from .schedule import warmup_cosine
 
 STATE_DIR = "train_state"
-MASK_TOKEN = "<|MASK|>"
 
 
 @dataclass
@@ -71,21 +71,6 @@ def init_distributed(device: str = "cpu") -> Distributed:
     if cuda:
         torch.cuda.set_device(dev)
     return Distributed(rank=dist.get_rank(), world=dist.get_world_size(), device=dev)
-
-
-def mask_token_for_training(tokenizer, target: TargetModel) -> int:
-    """The id of `<|MASK|>`, added to the tokenizer when absent; it must be a row of the target's embedding."""
-    vocab = tokenizer.get_vocab()
-    token_id = vocab.get(MASK_TOKEN)
-    if token_id is None:
-        tokenizer.add_special_tokens({"additional_special_tokens": [MASK_TOKEN]}, replace_extra_special_tokens=False)
-        token_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
-    if token_id >= target.vocab_size:
-        raise CompatibilityError(
-            f"{MASK_TOKEN} would be id {token_id} but the target's embedding has {target.vocab_size} rows: "
-            "resize the target's embeddings (or give a tokenizer whose vocabulary has a spare row)."
-        )
-    return token_id
 
 
 def data_fingerprint(data: TokenDataset) -> str:

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dflash_core.drafter import resolve_dtype
+from dflash_core.dtypes import resolve_dtype
 from dflash_core.fileio import write_json
-from dflash_core.onnx_export import OPSET, DrafterGraph, example_inputs, export_onnx
+from dflash_core.onnx_export import GRAPH_FILE, OPSET, DrafterGraph, example_inputs, export_onnx
 
 from ..errors import VerificationFailed
 from ..source import drafter_from_source
@@ -17,7 +17,6 @@ from ..target_facts import target_lm_head
 from . import Job, Result
 
 DEFAULT_DTYPE = "fp32"
-GRAPH_FILE = "drafter.onnx"
 FP32_TOLERANCE = 1e-4
 # (batch, new context, block, past context): prefill-like, decode-like, odd sizes, empty past
 PARITY_SHAPES = [(1, 37, None, 0), (1, 1, None, 64), (3, 5, None, 20), (2, 16, 4, 9), (1, 3, 2, 1)]

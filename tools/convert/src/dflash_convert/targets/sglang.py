@@ -5,14 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from dflash_core.fileio import write_json
-from dflash_sglang.layout import SGLANG_VERSION, check_capturable, launch_command, sglang_config
+from dflash_sglang.layout import DEFAULT_DTYPE, SGLANG_VERSION, check_capturable, launch_command, sglang_config
 
 from ..output import write_launcher
 from . import Job, Result, mask_token_added, target_path_or_placeholder
 from .published import write_published, verify_round_trip
 
-DEFAULT_DTYPE = "bf16"
-_CONFIG_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+__all__ = ["DEFAULT_DTYPE", "build", "check", "command", "plan"]  # what dflash-convert reads of a target module
 
 
 def check(job: Job) -> None:
@@ -22,7 +21,7 @@ def check(job: Job) -> None:
 def command(job: Job) -> list[str]:
     tokenizer = str(job.out / "tokenizer") if mask_token_added(job) else None
     return launch_command(target_path_or_placeholder(job), str(job.out), job.source.config, tokenizer=tokenizer,
-                          dtype=_CONFIG_DTYPE[job.dtype])
+                          dtype=job.dtype)
 
 
 def plan(job: Job) -> list[str]:
@@ -34,7 +33,7 @@ def plan(job: Job) -> list[str]:
 
 def build(job: Job, tmp: Path) -> Result:
     lines = write_published(job, tmp, "sglang weights")
-    write_json(tmp / "config.json", sglang_config(job.source.config, _CONFIG_DTYPE[job.dtype]))
+    write_json(tmp / "config.json", sglang_config(job.source.config, job.dtype))
     verify_round_trip(job, tmp)
     cmd = command(job)
     write_launcher(tmp / "launch.sh", cmd)

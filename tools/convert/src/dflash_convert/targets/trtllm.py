@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
+from dflash_core.dtypes import config_name
 from dflash_trtllm.options import dflash_options, serve_command
 
 from ..output import write_launcher
@@ -13,7 +14,6 @@ from .published import verify_round_trip, write_published
 
 DEFAULT_DTYPE = "bf16"
 OPTIONS_FILE = "dflash.yaml"
-_CONFIG_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def check(job: Job) -> None:
@@ -40,7 +40,7 @@ def plan(job: Job) -> list[str]:
 
 def build(job: Job, tmp: Path) -> Result:
     lines = write_published(job, tmp, "trtllm weights")
-    job.source.config.replace(dtype=_CONFIG_DTYPE[job.dtype]).save_pretrained(tmp)
+    job.source.config.replace(dtype=config_name(job.dtype)).save_pretrained(tmp)
     verify_round_trip(job, tmp)
     (tmp / OPTIONS_FILE).write_text(yaml.safe_dump(options(job), sort_keys=False))
     cmd = command(job)

@@ -1,4 +1,4 @@
-"""The drafter-depth and block-size study behind docs/benchmarks.md (`make bench-variants`).
+"""The drafter-depth and block-size study behind docs/benchmarks.md (the last two commands of `make bench`).
 
 Trains drafters of 1, 2, 3 and 5 layers at block 16 and a 1-layer drafter at block 8 on the demo
 data (same recipe and budget for all), then measures each against the demo target alone.
@@ -16,7 +16,7 @@ VARIANTS = [(1, 16), (2, 16), (3, 16), (5, 16), (1, 8)]
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..bench import e2e
+    from dflash_bench import e2e
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--work", type=Path, default=Path("runs/demo"))
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     e2e.run(args.out, pairs, heldout, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
             dtypes=("bf16",), temperatures=[float(t) for t in args.temperatures.split(",")], name=args.name,
             title=f"Drafter depth and block size, {args.epochs:g} epochs each (demo target, bf16, batch 1)",
-            command="python -m dflash_core.demo.variants " + " ".join(sys.argv[1:] if argv is None else argv))
+            command="python -m dflash_demo.variants " + " ".join(sys.argv[1:] if argv is None else argv))
     return 0
 
 

@@ -1,19 +1,29 @@
-"""Checks made when a drafter meets a target, before any generation.
+"""Pairing a drafter with a target: the checks made before any generation, and the mask token.
 
-Each mismatch is one sentence naming both values. `ensure_mask_token` makes the tokenizer know the
-mask token, adding `<|MASK|>` when it lacks one (and saying so), as the published drafters expect.
+Each mismatch is one sentence naming both values. The mask token policy lives here alone:
+`<|MASK|>` is added to a tokenizer that lacks it, as the published drafters expect, both when a
+drafter is trained (`mask_token_for_training`) and when one is used (`ensure_mask_token`).
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from .config import DFlashConfig
 from .errors import CompatibilityError
-from .target import TargetModel
 
 MASK_TOKEN = "<|MASK|>"
 
 
-def check_compatibility(config: DFlashConfig, target: TargetModel) -> None:
+class TargetShape(Protocol):
+    """The target facts a pairing check reads: a loaded `TargetModel`, or a converter's `TargetFacts`."""
+
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+
+
+def check_compatibility(config: DFlashConfig, target: TargetShape) -> None:
     """Raise CompatibilityError on the first way the drafter and target do not fit."""
     if config.hidden_size != target.hidden_size:
         raise CompatibilityError(
@@ -58,7 +68,7 @@ def ensure_mask_token(tokenizer, config: DFlashConfig) -> str | None:
             )
         return None
     if mask_id == len(tokenizer):
-        tokenizer.add_special_tokens({"additional_special_tokens": [MASK_TOKEN]}, replace_extra_special_tokens=False)
+        _add_mask_token(tokenizer)
         if tokenizer.convert_tokens_to_ids(MASK_TOKEN) != mask_id:
             raise CompatibilityError(f"adding {MASK_TOKEN} to the tokenizer did not give id {mask_id}.")
         return f"the tokenizer had no mask token: added {MASK_TOKEN} as id {mask_id}."
@@ -67,3 +77,21 @@ def ensure_mask_token(tokenizer, config: DFlashConfig) -> str | None:
         return f"the tokenizer has no {MASK_TOKEN}; the drafter's mask_token_id {mask_id} is the existing token {token!r}."
     return (f"the tokenizer has no {MASK_TOKEN} and only {len(tokenizer)} entries; mask_token_id {mask_id} "
             "is used as an embedding row only.")
+
+
+def mask_token_for_training(tokenizer, target: TargetShape) -> int:
+    """The id of `<|MASK|>`, added to the tokenizer when absent; it must be a row of the target's embedding."""
+    token_id = tokenizer.get_vocab().get(MASK_TOKEN)
+    if token_id is None:
+        _add_mask_token(tokenizer)
+        token_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
+    if token_id >= target.vocab_size:
+        raise CompatibilityError(
+            f"{MASK_TOKEN} would be id {token_id} but the target's embedding has {target.vocab_size} rows: "
+            "resize the target's embeddings (or give a tokenizer whose vocabulary has a spare row)."
+        )
+    return token_id
+
+
+def _add_mask_token(tokenizer) -> None:
+    tokenizer.add_special_tokens({"additional_special_tokens": [MASK_TOKEN]}, replace_extra_special_tokens=False)

@@ -16,9 +16,9 @@ import torch
 from tqdm import tqdm
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from ..errors import ConfigError
-from ..training.checkpointing import has_training_state, load_training_state, save_training_state
-from ..training.schedule import warmup_cosine
+from dflash_core.errors import ConfigError
+from dflash_core.training.train_state import has_training_state, load_training_state, save_training_state
+from dflash_core.training.schedule import warmup_cosine
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,7 @@ def train_target_lm(
 
 def save_target(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> Path:
     """Hugging Face format in bf16 (the demo's working precision), tokenizer files alongside."""
-    from ..fileio import atomic_directory
+    from dflash_core.fileio import atomic_directory
 
     model = model.to(torch.bfloat16).eval()
     model.generation_config = GenerationConfig(

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import sys
 
-from ..autoregressive import generate_autoregressive
-from ..decoding import GenerationResult, generate_stream
-from ..sampling import SamplingParams
-from .common import add_runtime_args, apply_threads, encode, load_pair, print_json, read_prompt, stop_token_ids
+from dflash_core.autoregressive import generate_autoregressive
+from dflash_core.decoding import generate_stream
+from dflash_core.loading import encode_prompt, load_pair, stop_token_ids
+from dflash_core.profiling import DecodeProfile
+from dflash_core.sampling import SamplingParams
+from dflash_core.text_stream import TextStream
+from dflash_core.warmup import warm_up
+
+from .common import add_runtime_args, apply_threads, print_json, read_prompt
 
 
 def add_parser(commands) -> None:
@@ -33,61 +38,27 @@ def add_parser(commands) -> None:
     p.set_defaults(run=run)
 
 
-class TextStream:
-    """Incremental detokenization: print only text that can no longer change."""
-
-    def __init__(self, tokenizer, out=None) -> None:
-        self.tokenizer, self.out = tokenizer, out or sys.stdout
-        self.tokens: list[int] = []
-        self.printed = 0
-
-    def push(self, tokens: list[int], final: bool = False) -> None:
-        self.tokens.extend(tokens)
-        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
-        stable = len(text) if final else len(text.rstrip("\ufffd"))
-        if stable > self.printed:
-            self.out.write(text[self.printed:stable])
-            self.out.flush()
-            self.printed = stable
-
-
-def run_speculative(pair, ids, args, stops, on_tokens=None) -> GenerationResult:
-    stream = generate_stream(pair.target, pair.drafter, ids, max_new_tokens=args.max_new_tokens,
-                             temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                             stop_token_ids=stops, seed=args.seed)
-    for chunk in stream:
-        if on_tokens is not None:
-            on_tokens(chunk[0])
-    return stream.result
-
-
-def warm_up(pair, ids, args, stops) -> None:
-    """Run a few tokens of both paths first so lazy kernel set-up is not timed."""
-    short = ids[:, -8:]
-    generate_autoregressive(pair.target, short, max_new_tokens=4, stop_token_ids=stops)
-    run_speculative(pair, short, _Limited(args, 2 * pair.drafter.config.block_size), stops)
-
-
-class _Limited:
-    def __init__(self, args, max_new_tokens):
-        self.__dict__.update(vars(args))
-        self.max_new_tokens = max_new_tokens
-        self.temperature, self.top_p, self.top_k = 0.0, 1.0, 0
-
-
 def run(args) -> int:
     apply_threads(args.threads)
-    SamplingParams(args.temperature, args.top_p, args.top_k)  # validate before loading models
+    params = SamplingParams(args.temperature, args.top_p, args.top_k)  # validate before loading models
     text = read_prompt(args.prompt, args.prompt_file)
-    pair = load_pair(args.target, args.drafter, args.dtype, args.device, args.drafter_backend, args.threads)
+    pair = load_pair(args.target, args.drafter, dtype=args.dtype, device=args.device, backend=args.drafter_backend,
+                     threads=args.threads)
     for note in pair.notes:
         print(f"note: {note}", file=sys.stderr)
-    ids = encode(pair.tokenizer, text, args.device)
+    ids = encode_prompt(pair.tokenizer, text, args.device)
     stops = stop_token_ids(pair.target, pair.tokenizer)
+    sampling = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k, "seed": args.seed}
     if args.compare_ar:
-        warm_up(pair, ids, args, stops)
+        warm_up(pair.target, pair.drafter, ids, stops)
     printer = TextStream(pair.tokenizer) if args.stream and not args.json else None
-    result = run_speculative(pair, ids, args, stops, printer.push if printer else None)
+    profile = DecodeProfile()
+    stream = generate_stream(pair.target, pair.drafter, ids, max_new_tokens=args.max_new_tokens,
+                             stop_token_ids=stops, profile=profile, **sampling)
+    for chunk in stream:
+        if printer:
+            printer.push(chunk[0])
+    result = stream.result
     if printer:
         printer.push([], final=True)
         print()
@@ -96,15 +67,16 @@ def run(args) -> int:
         "tokens": result.tokens[0],
         "tau": round(result.tau, 4),
         "acceptance_lengths": result.acceptance_lengths[0],
-        "tokens_per_s": round(result.tokens_per_s, 3),
+        "tokens_per_s": round(profile.tokens_per_s(result.num_new_tokens), 3),
         "finish_reason": result.finish_reasons[0],
     }
     if args.compare_ar:
-        ar = generate_autoregressive(pair.target, ids, max_new_tokens=args.max_new_tokens,
-                                     temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                                     stop_token_ids=stops, seed=args.seed)
-        report["ar_tokens_per_s"] = round(ar.tokens_per_s, 3)
-        report["speedup"] = round(result.tokens_per_s / ar.tokens_per_s, 3) if ar.tokens_per_s else None
+        ar_profile = DecodeProfile()
+        ar = generate_autoregressive(pair.target, ids, max_new_tokens=args.max_new_tokens, stop_token_ids=stops,
+                                     profile=ar_profile, **sampling)
+        ar_rate = ar_profile.tokens_per_s(ar.num_new_tokens)
+        report["ar_tokens_per_s"] = round(ar_rate, 3)
+        report["speedup"] = round(report["tokens_per_s"] / ar_rate, 3) if ar_rate else None
         report["matches_ar"] = result.tokens == ar.tokens if args.temperature == 0 else None
     if args.json:
         print_json(report)

@@ -7,7 +7,7 @@ pick different tokens at that position (and then continue differently). In fp32 
 2^16 times finer and the outputs match. This tool finds each first divergence and measures, with
 an fp32 copy of the target on the same prefix, how far apart the two competing tokens really are.
 
-    python -m dflash_core.bench.divergence --out docs/results [--prompts 24] [--dtype bf16]
+    python -m dflash_bench.divergence --out docs/results [--prompts 24] [--dtype bf16]
 """
 
 from __future__ import annotations
@@ -20,18 +20,17 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..autoregressive import generate_autoregressive
-from ..cli.common import encode, load_pair, load_target, stop_token_ids
-from ..decoding import generate
-from ..training.data import read_prompts
-
-MANTISSA_BITS = {"bf16": 7, "fp16": 10, "fp32": 23}
+from dflash_core.autoregressive import generate_autoregressive
+from dflash_core.decoding import generate
+from dflash_core.dtypes import SHORT_NAMES, precision
+from dflash_core.loading import encode_prompt, load_pair, load_target, stop_token_ids
+from dflash_core.training.data import read_prompts
 
 
 def rounding_step(value: float, dtype: str) -> float:
     """Spacing of representable numbers of `dtype` around `value` (one unit in the last place)."""
     exponent = math.floor(math.log2(abs(value))) if value else 0
-    return 2.0 ** (exponent - MANTISSA_BITS[dtype])
+    return 2.0 ** (exponent - precision(dtype).mantissa_bits)
 
 
 @torch.inference_mode()
@@ -50,12 +49,12 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 
 
 def measure(target_dir: Path, drafter_dir: Path, prompts: list[str], *, dtype: str, max_new_tokens: int) -> dict:
-    pair = load_pair(target_dir, drafter_dir, dtype, "cpu")
+    pair = load_pair(target_dir, drafter_dir, dtype=dtype, device="cpu")
     reference = load_target(target_dir, pair.drafter.config.target_layer_ids, "fp32")
     stops = stop_token_ids(pair.target, pair.tokenizer)
     rows = []
     for index, prompt in enumerate(tqdm(prompts, desc=f"divergence {dtype}", unit="prompt", dynamic_ncols=True)):
-        ids = encode(pair.tokenizer, prompt, "cpu")
+        ids = encode_prompt(pair.tokenizer, prompt, "cpu")
         kwargs = {"max_new_tokens": max_new_tokens, "stop_token_ids": stops}
         alone = generate_autoregressive(pair.target, ids, **kwargs).tokens[0]
         spec = generate(pair.target, pair.drafter, ids, **kwargs).tokens[0]
@@ -86,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts-file", type=Path, default=Path("models/demo/heldout.jsonl"))
     parser.add_argument("--prompts", type=int, default=24)
     parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
+    parser.add_argument("--dtype", choices=SHORT_NAMES, default="bf16")
     parser.add_argument("--out", type=Path, default=Path("docs/results"))
     args = parser.parse_args(argv)
     prompts = read_prompts(args.prompts_file)[: args.prompts]
@@ -98,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     notes = [f"{result['divergent']} of {result['prompts']} greedy outputs differ in {args.dtype}; "
              "gaps are logit differences between the two competing tokens on the same prefix",
              "rounding step: the spacing of representable values at that logit's magnitude"]
-    command = "python -m dflash_core.bench.divergence " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m dflash_bench.divergence " + " ".join(sys.argv[1:] if argv is None else argv)
     write_report(args.out, f"divergence_{args.dtype}", title=f"Where greedy outputs part in {args.dtype}",
                  command=command, columns=columns, rows=rows, data=result, notes=notes)
     return 0

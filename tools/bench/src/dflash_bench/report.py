@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from ..fileio import atomic_file, write_json
+from dflash_core.fileio import atomic_file, write_json
 from .machine import describe, one_line
 
 

@@ -1,11 +1,16 @@
-"""`dflash bench`: drafter latency vs block size, and end-to-end DFlash vs the target alone."""
+"""`dflash bench`: drafter latency vs block size, and end-to-end DFlash vs the target alone.
+
+The benchmarks live in the `dflash_bench` tool package (tools/bench), installed by `make setup`.
+"""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from ..errors import DFlashError
+from dflash_core.errors import DFlashError
+
+from .common import apply_threads
 
 
 def add_parser(commands) -> None:
@@ -26,6 +31,7 @@ def add_parser(commands) -> None:
     e.add_argument("--max-new-tokens", type=int, default=256)
     e.add_argument("--dtypes", default="bf16")
     e.add_argument("--temperatures", default="0")
+    e.add_argument("--device", default="cpu", help="torch device of target and drafter")
     e.add_argument("--name", default="e2e")
     e.add_argument("--title", default="DFlash vs the target alone")
     for sub in (d, e):
@@ -34,12 +40,11 @@ def add_parser(commands) -> None:
     p.set_defaults(run=run)
 
 
-def _pairs(args) -> list:
-    from ..bench.e2e import PairSpec
-    from .demo import default_models_dir
+def _pairs(args, models_dir) -> list:
+    from dflash_bench.e2e import PairSpec
 
     if not args.pair:
-        models = default_models_dir()
+        models = models_dir()
         return [PairSpec("demo", models / "target", models / "drafter")]
     pairs = []
     for text in args.pair:
@@ -52,24 +57,24 @@ def _pairs(args) -> list:
 
 
 def run(args) -> int:
-    from .common import apply_threads
-
+    try:
+        from dflash_bench import drafter_latency, e2e
+        from dflash_demo.paths import default_models_dir
+    except ImportError:
+        raise DFlashError("benchmarks need the dflash-bench and dflash-demo tool packages: `make setup` installs "
+                          "them (pip install -e tools/bench -e tools/demo).") from None
     apply_threads(args.threads)
     command = "dflash " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("dflash") else "dflash bench"
     if args.kind == "drafter":
-        from ..bench import drafter_latency
-
         path = drafter_latency.run(args.out, hidden=args.hidden, context=args.context,
                                    layers=[int(x) for x in args.layers.split(",")],
                                    blocks=[int(x) for x in args.blocks.split(",")], dtypes=args.dtypes.split(","),
                                    repeats=args.repeats, command=command)
     else:
-        from ..bench import e2e
-        from .demo import default_models_dir
-
         prompts = args.prompts_file or default_models_dir() / "heldout.jsonl"
-        path = e2e.run(args.out, _pairs(args), prompts, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
-                       dtypes=args.dtypes.split(","), temperatures=[float(t) for t in args.temperatures.split(",")],
+        path = e2e.run(args.out, _pairs(args, default_models_dir), prompts, prompts=args.prompts,
+                       max_new_tokens=args.max_new_tokens, dtypes=args.dtypes.split(","),
+                       temperatures=[float(t) for t in args.temperatures.split(",")], device=args.device,
                        name=args.name, title=args.title, command=command)
     print(path.read_text())
     return 0

@@ -1,4 +1,4 @@
-"""Request handling shared by the speculative and plain decoders: prompts, limits, stop tokens."""
+"""Checks of a generation request, shared by the speculative and plain decoders: prompts and limits."""
 
 from __future__ import annotations
 
@@ -43,17 +43,3 @@ def check_request(target: TargetModel, prompts: list[list[int]], max_new_tokens:
     bad = [t for p in prompts for t in p if not 0 <= t < target.vocab_size]
     if bad:
         raise GenerationError(f"token id {bad[0]} is outside the target's vocabulary [0, {target.vocab_size}).")
-
-
-def sync_device(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def commit_tokens(new: list[int], remaining: int, stops: frozenset[int]) -> tuple[list[int], str | None]:
-    """Cut a row's newly accepted tokens at max_new_tokens and after the first stop token."""
-    for i, token in enumerate(new[:remaining]):
-        if token in stops:
-            return new[: i + 1], "stop"
-    kept = new[:remaining]
-    return kept, ("length" if len(kept) == remaining else None)

@@ -1,37 +1,27 @@
-"""Loading what the commands share: a target with its tokenizer, a drafter, prompts, threads."""
+"""Loading a target and its drafter from directories, ready for `generate` (the library's front door).
+
+Only safetensors and JSON are read: no pickle, no `trust_remote_code`. Every failure is a
+one-line `DFlashError` naming the directory and what was expected.
+"""
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from ..compat import check_compatibility, ensure_mask_token
-from ..drafter import Drafter, load_drafter, resolve_dtype
-from ..errors import CompatibilityError, DFlashError, GenerationError
-from ..target import TargetModel
-
-DTYPE_CHOICES = ("bf16", "fp32", "fp16")
-
-
-def add_runtime_args(parser, *, default_dtype: str = "bf16") -> None:
-    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=default_dtype,
-                        help=f"precision of target and drafter (default {default_dtype})")
-    parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1, ...)")
-    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+from .drafter import load_drafter
+from .drafter_backend import DrafterBackend
+from .dtypes import resolve_dtype
+from .errors import CompatibilityError, GenerationError
+from .pairing import check_compatibility, ensure_mask_token
+from .target import TargetModel
 
 
-def apply_threads(threads: int) -> None:
-    if threads < 0:
-        raise DFlashError(f"--threads is {threads}, expected 0 (default) or a positive count.")
-    if threads:
-        torch.set_num_threads(threads)
-
-
-def load_target(path: str | os.PathLike, layer_ids=(), dtype: str = "bf16", device: str = "cpu") -> TargetModel:
+def load_target(path: str | os.PathLike, layer_ids=(), dtype: str | torch.dtype = "bf16",
+                device: str | torch.device = "cpu") -> TargetModel:
     """A Hugging Face causal LM directory (safetensors, no remote code) as a TargetModel."""
     path = Path(path)
     if not (path / "config.json").is_file():
@@ -61,20 +51,28 @@ def load_tokenizer(path: str | os.PathLike):
 
 @dataclass
 class Pair:
+    """A target and its drafter in one precision on one device, checked against each other."""
+
     target: TargetModel
-    drafter: Drafter
+    drafter: DrafterBackend
     tokenizer: object
-    notes: list[str]
+    notes: list[str] = field(default_factory=list)
+    """One-line remarks for the user (a mask token added, the dtype chosen and why)."""
+
+    def __iter__(self):  # target, drafter, tokenizer = load_pair(...)
+        return iter((self.target, self.drafter, self.tokenizer))
 
 
-def load_pair(target_dir, drafter_dir, dtype: str, device: str, backend: str = "torch", threads: int = 0) -> Pair:
+def load_pair(target_dir: str | os.PathLike, drafter_dir: str | os.PathLike, *, dtype: str | torch.dtype = "bf16",
+              device: str | torch.device | None = None, backend: str = "torch", threads: int = 0) -> Pair:
     """Drafter and target loaded in one precision, checked against each other before anything runs.
 
     backend "onnxruntime" runs an exported drafter graph (a .onnx file or a `dflash-convert --to onnx`
     directory) with ONNX Runtime on the CPU; the target stays in torch.
     """
+    device = torch.device(device or "cpu")
     if backend == "onnxruntime":
-        from ..ort_drafter import load_onnx_drafter
+        from .ort_drafter import load_onnx_drafter
 
         drafter = load_onnx_drafter(drafter_dir, threads=threads)
     else:
@@ -97,23 +95,9 @@ def stop_token_ids(target: TargetModel, tokenizer) -> list[int]:
     return [ids] if isinstance(ids, int) else list(ids)
 
 
-def read_prompt(text: str | None, file: str | None) -> str:
-    if file is not None:
-        path = Path(file)
-        if not path.exists() or path.is_dir():
-            raise GenerationError(f"--prompt-file {path} does not exist (expected a text file).")
-        text = path.read_text(encoding="utf-8")
-    if text is None or not text.strip():
-        raise GenerationError("the prompt is empty: give a non-empty --prompt or --prompt-file.")
-    return text
-
-
-def encode(tokenizer, text: str, device: str) -> torch.Tensor:
+def encode_prompt(tokenizer, text: str, device: str | torch.device = "cpu") -> torch.Tensor:
+    """[1, T] token ids of `text` (no special tokens added)."""
     ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
     if ids.shape[1] == 0:
         raise GenerationError("the prompt encodes to no tokens: expected at least one.")
     return ids.to(device)
-
-
-def print_json(obj) -> None:
-    print(json.dumps(obj, ensure_ascii=False))

@@ -1,6 +1,9 @@
-"""Load a converted drafter into SGLang's own DFlashDraftModel (on CPU) and compare it with dflash_core.
+"""Test harness: load a converted drafter into SGLang's own DFlashDraftModel (on CPU), compare with dflash_core.
 
-    .venv-sglang/bin/python -m dflash_sglang.check DRAFT_DIR      (make check-sglang)
+    .venv-sglang/bin/python tests/plugins/sglang_numerics.py DRAFT_DIR      (run by test_sglang_native.py)
+
+A test harness, not library code: it sets SGLang's module flags and process-wide parallel state
+for one process, which no library should do.
 
 Runs in the SGLang environment (sglang 0.5.23 installed). Checks, with SGLang's own code paths:
 the config through `ModelConfig(is_draft_model=True)` and the architecture registry; weights through
@@ -357,7 +360,7 @@ def attention_checks(model, ours, w, dims, sg_kv, our_k, our_v, target_hidden, n
 def cli(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m dflash_sglang.check DRAFT_DIR", file=sys.stderr)
+        print("usage: python tests/plugins/sglang_numerics.py DRAFT_DIR", file=sys.stderr)
         return 2
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # CPU only, even where a GPU exists
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -5,8 +5,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..training.data import DataSettings, generate_responses, prompts_fingerprint, read_prompts, target_fingerprint
-from .common import add_runtime_args, apply_threads, load_target, load_tokenizer
+from dflash_core.errors import DataError
+from dflash_core.loading import load_target, load_tokenizer
+from dflash_core.training.data import (DataSettings, generate_responses, prompts_fingerprint, read_prompts,
+                                       target_fingerprint)
+
+from .common import add_runtime_args, apply_threads
 
 
 def add_parser(commands) -> None:
@@ -25,8 +29,6 @@ def add_parser(commands) -> None:
 
 
 def run(args) -> int:
-    from ..errors import DataError
-
     apply_threads(args.threads)
     for name in ("max_new_tokens", "batch_size", "shard_size"):
         if getattr(args, name) < 1:

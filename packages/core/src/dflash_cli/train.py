@@ -6,9 +6,13 @@ import json
 import sys
 from pathlib import Path
 
-from ..training.data import read_prompts
-from ..training.recipe import TrainConfig
-from .common import add_runtime_args, apply_threads, load_target, load_tokenizer
+from dflash_core.dtypes import SHORT_NAMES
+from dflash_core.errors import ConfigError
+from dflash_core.loading import load_target, load_tokenizer
+from dflash_core.training.data import read_prompts
+from dflash_core.training.recipe import TrainConfig
+
+from .common import add_runtime_args, apply_threads
 
 
 def add_parser(commands) -> None:
@@ -38,15 +42,13 @@ def add_parser(commands) -> None:
     p.add_argument("--eval-count", type=int, default=8, help="held-out prompts used per evaluation")
     p.add_argument("--eval-every", type=int, default=0, help="evaluate tau every N steps (0: only at the end)")
     p.add_argument("--eval-max-new-tokens", type=int, default=64)
-    p.add_argument("--save-dtype", choices=["bf16", "fp32", "fp16"], default="bf16")
+    p.add_argument("--save-dtype", choices=SHORT_NAMES, default="bf16")
     p.add_argument("--no-progress", action="store_true")
     add_runtime_args(p)
     p.set_defaults(run=run)
 
 
 def _layer_ids(text: str | None):
-    from ..errors import ConfigError
-
     if text is None:
         return None
     try:
@@ -56,7 +58,7 @@ def _layer_ids(text: str | None):
 
 
 def run(args) -> int:
-    from ..training.trainer import RunOptions, Trainer, init_distributed, load_data
+    from dflash_core.training.trainer import RunOptions, Trainer, init_distributed, load_data
 
     apply_threads(args.threads)
     train = TrainConfig(draft_layers=args.layers, block_size=args.block_size, target_layer_ids=_layer_ids(

@@ -14,10 +14,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..autoregressive import generate_autoregressive
-from ..cli.common import encode, load_pair, stop_token_ids
-from ..decoding import generate
-from ..training.data import read_prompts
+from dflash_core.autoregressive import generate_autoregressive
+from dflash_core.decoding import generate
+from dflash_core.loading import encode_prompt, load_pair, stop_token_ids
+from dflash_core.profiling import DecodeProfile
+from dflash_core.training.data import read_prompts
 
 
 @dataclass
@@ -57,14 +58,14 @@ class Totals:
 
 
 def measure_pair(spec: PairSpec, prompts: list[str], *, max_new_tokens: int, dtype: str, temperature: float,
-                 hf_baseline: bool = True, seed: int = 0) -> dict:
-    pair = load_pair(spec.target, spec.drafter, dtype, "cpu", spec.backend)
+                 hf_baseline: bool = True, seed: int = 0, device: str = "cpu") -> dict:
+    pair = load_pair(spec.target, spec.drafter, dtype=dtype, device=device, backend=spec.backend)
     stops = stop_token_ids(pair.target, pair.tokenizer)
-    warm = encode(pair.tokenizer, prompts[0], "cpu")
+    warm = encode_prompt(pair.tokenizer, prompts[0], device)
     generate(pair.target, pair.drafter, warm, max_new_tokens=32, stop_token_ids=stops)
     generate_autoregressive(pair.target, warm, max_new_tokens=8, stop_token_ids=stops)
     totals = measure_prompts(pair, prompts, stops, max_new_tokens=max_new_tokens, temperature=temperature,
-                             seed=seed, hf_baseline=hf_baseline, label=spec.label)
+                             seed=seed, hf_baseline=hf_baseline, label=spec.label, device=device)
     return totals.row()
 
 
@@ -74,17 +75,18 @@ def measure_prompts(pair, prompts: list[str], stops: list[int], *, max_new_token
     """DFlash and the target alone back to back on every prompt (prompt i sampled with seed + i)."""
     totals = Totals()
     for i, prompt in enumerate(tqdm(prompts, desc=label, unit="prompt", dynamic_ncols=True, leave=False)):
-        ids = encode(pair.tokenizer, prompt, device)
+        ids = encode_prompt(pair.tokenizer, prompt, device)
         kwargs = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
                   "stop_token_ids": stops, "seed": seed + i}
-        ar = generate_autoregressive(pair.target, ids, **kwargs)
-        spec_result = generate(pair.target, pair.drafter, ids, **kwargs)
+        ar_profile, spec_profile = DecodeProfile(), DecodeProfile()
+        ar = generate_autoregressive(pair.target, ids, profile=ar_profile, **kwargs)
+        spec_result = generate(pair.target, pair.drafter, ids, profile=spec_profile, **kwargs)
         totals.tokens += len(spec_result.tokens[0])
         totals.ar_tokens += len(ar.tokens[0])
-        totals.spec_s += spec_result.total_s
-        totals.ar_s += ar.total_s
+        totals.spec_s += spec_profile.total_s
+        totals.ar_s += ar_profile.total_s
         for name in ("prefill_s", "draft_s", "verify_s", "decode_s"):
-            setattr(totals, name, getattr(totals, name) + getattr(spec_result, name))
+            setattr(totals, name, getattr(totals, name) + getattr(spec_profile, name))
         totals.steps += len(spec_result.acceptance_lengths[0])
         totals.accepted += sum(spec_result.acceptance_lengths[0])
         totals.matches += spec_result.tokens == ar.tokens
@@ -105,8 +107,8 @@ def _hf_generate(pair, ids, max_new_tokens, stops, totals) -> tuple[int, float]:
 
 
 def run(out: Path, pairs: list[PairSpec], prompts_file: Path, *, prompts: int = 16, max_new_tokens: int = 256,
-        dtypes=("bf16",), temperatures=(0.0,), name: str = "e2e", title: str = "DFlash vs the target alone",
-        command: str = "dflash bench e2e") -> Path:
+        dtypes=("bf16",), temperatures=(0.0,), device: str = "cpu", name: str = "e2e",
+        title: str = "DFlash vs the target alone", command: str = "dflash bench e2e") -> Path:
     from .report import plot_bars, write_report
 
     texts = read_prompts(prompts_file)[:prompts]
@@ -114,7 +116,8 @@ def run(out: Path, pairs: list[PairSpec], prompts_file: Path, *, prompts: int = 
     for dtype in dtypes:
         for temperature in temperatures:
             for spec in pairs:
-                row = measure_pair(spec, texts, max_new_tokens=max_new_tokens, dtype=dtype, temperature=temperature)
+                row = measure_pair(spec, texts, max_new_tokens=max_new_tokens, dtype=dtype, temperature=temperature,
+                                   device=device)
                 results.append({"pair": spec.label, "backend": spec.backend, "dtype": dtype,
                                 "temperature": temperature, **row})
     columns = ["pair", "backend", "dtype", "T", "tau", "DFlash tok/s", "target tok/s", "speedup", "efficiency",

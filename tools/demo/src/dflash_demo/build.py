@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from ..fileio import atomic_file, write_json
+from dflash_core.fileio import atomic_file, write_json
 from .corpus import CorpusSplit, split_corpus
 from .target_lm import TargetRecipe, encode_documents, train_target_lm
 from .prompts import code_prompts
@@ -41,7 +41,7 @@ class DemoRecipe:
     eval_prompts: int = 8
 
     def train_config(self, layers: int | None = None, block_size: int | None = None):
-        from ..training.recipe import TrainConfig
+        from dflash_core.training.recipe import TrainConfig
 
         return TrainConfig(draft_layers=layers or self.draft_layers, block_size=block_size or self.block_size,
                            anchors=self.anchors, batch_size=self.batch_size, epochs=self.epochs,
@@ -97,8 +97,8 @@ def build_prompts(work: Path, out: Path, recipe: DemoRecipe) -> tuple[Path, Path
 
 
 def build_data(work: Path, out: Path, train_prompts: Path, recipe: DemoRecipe) -> Path:
-    from ..cli.common import load_target, load_tokenizer
-    from ..training.data import DataSettings, generate_responses, prompts_fingerprint, read_prompts, target_fingerprint
+    from dflash_core.loading import load_target, load_tokenizer
+    from dflash_core.training.data import DataSettings, generate_responses, prompts_fingerprint, read_prompts, target_fingerprint
 
     data = work / "data"
     target = load_target(out / "target", (), "bf16")
@@ -111,9 +111,9 @@ def build_data(work: Path, out: Path, train_prompts: Path, recipe: DemoRecipe) -
 
 def build_drafter(work: Path, out: Path, data: Path, heldout: Path, recipe: DemoRecipe, layers: int | None = None,
                   block_size: int | None = None, run_name: str = "drafter_run") -> Path:
-    from ..cli.common import load_target, load_tokenizer
-    from ..training.data import read_prompts
-    from ..training.trainer import Distributed, RunOptions, Trainer, load_data
+    from dflash_core.loading import load_target, load_tokenizer
+    from dflash_core.training.data import read_prompts
+    from dflash_core.training.trainer import Distributed, RunOptions, Trainer, load_data
 
     train = recipe.train_config(layers, block_size)
     run = work / run_name
@@ -166,7 +166,7 @@ def publish_drafter(run: Path, dest: Path) -> None:
     """Copy the trained drafter (published format, no training state) into models/demo/drafter."""
     import shutil
 
-    from ..fileio import atomic_directory
+    from dflash_core.fileio import atomic_directory
 
     with atomic_directory(dest, overwrite=True) as tmp:
         for name in ("config.json", "model.safetensors"):

@@ -1,5 +1,7 @@
 """The `dflash` command line: generate, demo, data, train, bench.
 
+A thin layer: each command turns its flags into explicit arguments of library functions
+(`dflash_core`; the demo and benchmarks live in the `dflash_demo` and `dflash_bench` tool packages).
 Every command turns bad input into one line on stderr and exit status 2, never a traceback.
 """
 
@@ -8,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import DFlashError
+from dflash_core.errors import DFlashError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,8 +12,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..config import DFlashConfig
-from ..drafter import Drafter
+from dflash_core.config import DFlashConfig
+from dflash_core.drafter import Drafter
+from dflash_core.dtypes import resolve_dtype
+
 from .report import plot_lines, write_report
 
 
@@ -50,11 +52,10 @@ def time_forward(drafter: Drafter, block: int, context: int, repeats: int) -> fl
 
 def run(out: Path, *, hidden: int = 1024, context: int = 512, layers=(1, 5), blocks=(4, 8, 16, 32),
         dtypes=("fp32", "bf16"), repeats: int = 30, command: str = "dflash bench drafter") -> Path:
-    torch_dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     results = {}
     jobs = [(d, n) for d in dtypes for n in layers]
     for dtype, n in tqdm(jobs, desc="drafter latency", unit="config", dynamic_ncols=True):
-        drafter = _drafter(n, hidden, torch_dtypes[dtype])
+        drafter = _drafter(n, hidden, resolve_dtype(dtype))
         results[f"{n}L-{dtype}"] = {b: time_forward(drafter, b, context, repeats) for b in blocks}
     rows = []
     for key, by_block in results.items():

@@ -1,0 +1,43 @@
+"""`dflash demo`: the embedded default — stream a held-out completion, report tau and speedup.
+
+The demo itself lives in the `dflash_demo` tool package (tools/demo), installed by `make setup`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dflash_core.errors import DFlashError
+
+from .common import add_runtime_args, apply_threads
+
+
+def add_parser(commands) -> None:
+    p = commands.add_parser("demo", help="stream a held-out completion with the bundled demo models")
+    p.add_argument("--models", type=Path, default=None, help="demo models directory (target/, drafter/, heldout.jsonl)")
+    p.add_argument("--prompt-index", type=int, default=0, help="which held-out prompt to complete")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--summary-prompts", type=int, default=24,
+                   help="also measure tau and speedup over the first N held-out prompts (0: skip)")
+    add_runtime_args(p)
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    try:
+        from dflash_demo.paths import default_models_dir
+        from dflash_demo.session import DemoRequest, run_demo
+    except ImportError:
+        raise DFlashError("the demo needs the dflash-demo tool package: `make setup` installs it "
+                          "(pip install -e tools/demo -e tools/bench).") from None
+    apply_threads(args.threads)
+    request = DemoRequest(models=args.models or default_models_dir(), prompt_index=args.prompt_index,
+                          max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                          top_k=args.top_k, seed=args.seed, summary_prompts=args.summary_prompts, dtype=args.dtype,
+                          device=args.device)
+    run_demo(request)
+    return 0

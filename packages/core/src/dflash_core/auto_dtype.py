@@ -1,0 +1,235 @@
+"""`dtype='auto'`: pick bf16 only where this machine really runs it faster than fp32.
+
+On CUDA bf16 is native and always chosen (no probe). On a CPU it depends on the silicon: with
+AMX or AVX512-BF16 bf16 matmuls run in hardware and beat fp32; with AVX2 only they are emulated
+and bf16 is often several times slower. Flags alone do not settle it (oneDNN kernels, thread
+count and the model's shapes all matter), so we time it: a copy of the target in each dtype runs
+one forward over 1 new token and one over `block_size` new tokens (the decode and the verify
+shapes) after a cached context, and bf16 wins only when it is at least 10% faster on both.
+
+The result is cached per (machine, model config, block size) in
+`$DFLASH_CACHE_DIR` | `$XDG_CACHE_HOME/dflash` | `~/.cache/dflash`, file `dtype_probe.json`.
+Cost: on the demo target (models/demo/target, 12.6M params, Qwen3, block 16) both probes
+together take about 0.9 s on a 2-core AMD EPYC (AVX2, no bf16 hardware) with one torch thread,
+bf16 being ~6x slower there; `resolve_auto_dtype` then picks fp32.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import inspect
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+from transformers import DynamicCache
+
+CACHE_FILE = "dtype_probe.json"
+BF16_MARGIN = 0.9  # bf16 must take <= 0.9x the fp32 time on both shapes to be chosen
+_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+_DTYPES = {name: dtype for dtype, name in _NAMES.items()}
+_ISA_FLAGS = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")  # strongest first
+_VOLATILE = {"torch_dtype", "dtype", "_name_or_path", "transformers_version", "_commit_hash"}
+
+Probe = Callable[[torch.nn.Module, torch.dtype, int], dict]
+
+
+# ---- measuring ----------------------------------------------------------------------------------
+@torch.inference_mode()
+def probe_forward_costs(model: torch.nn.Module, dtype: torch.dtype, block_size: int, *, context: int = 64,
+                        repeats: int = 5) -> dict:
+    """Seconds of a forward over 1 and over `block_size` new tokens after `context` cached ones.
+
+    Runs on a copy of the Hugging Face causal LM `model` cast to `dtype` (the original is untouched).
+    Each time is the fastest of `repeats` after two warm-up runs, not the median: other work on
+    the machine only ever adds time, so the fastest run is the best estimate of the hardware.
+    Returns {"dtype": "fp32"|"bf16", "one_token_s", "block_s", "block_size"}.
+    """
+    if dtype not in _NAMES:
+        raise ValueError(f"cannot probe dtype {dtype}: expected torch.float32 or torch.bfloat16")
+    if block_size < 1 or context < 1 or repeats < 1:
+        raise ValueError(f"block_size, context and repeats must be >= 1, got {block_size}, {context}, {repeats}")
+    # a forward changes nothing, so a model already in `dtype` (and in eval mode) is used as is
+    same = not model.training and next(model.parameters()).dtype == dtype
+    twin = model if same else copy.deepcopy(model).to(dtype).eval()
+    device = next(twin.parameters()).device
+    vocab = twin.get_input_embeddings().weight.shape[0]
+    ids = torch.randint(0, vocab, (1, context + block_size), generator=torch.Generator().manual_seed(0)).to(device)
+    cache = DynamicCache()
+    # newer transformers call the cache argument `cache`, older ones `past_key_values`
+    cache_kw = "cache" if "cache" in inspect.signature(twin.forward).parameters else "past_key_values"
+    twin(input_ids=ids[:, :context], use_cache=True, **{cache_kw: cache})  # prefill once
+
+    def forward(new: int) -> float:
+        started = time.perf_counter()
+        twin(input_ids=ids[:, context : context + new], use_cache=True, **{cache_kw: cache})
+        _sync(device)
+        elapsed = time.perf_counter() - started
+        _truncate(cache, context)  # back to the prefilled context for the next forward
+        return elapsed
+
+    for _ in range(2):  # warm-up: allocator, oneDNN kernel selection, lazy inits
+        forward(1)
+        forward(block_size)
+    one = [forward(1) for _ in range(repeats)]
+    block = [forward(block_size) for _ in range(repeats)]
+    del twin, cache
+    return {"dtype": _NAMES[dtype], "one_token_s": min(one), "block_s": min(block),
+            "block_size": block_size}
+
+
+def _truncate(cache: DynamicCache, length: int) -> None:
+    # By hand, not `cache.crop`: its argument changed meaning across transformers releases
+    # (a final length in 4.x; 5.x refuses that and takes a negative count of tokens to drop).
+    for layer in cache.layers:
+        layer.keys = layer.keys[:, :, :length]  # [B, kv_heads, slots, head_dim]
+        layer.values = layer.values[:, :, :length]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ---- choosing -----------------------------------------------------------------------------------
+def choose_dtype(costs_by_dtype: dict[str, dict], block_size: int, *, machine: str = "this machine") -> tuple[str, str]:
+    """("fp32"|"bf16", one human line) from probe results keyed "fp32" and "bf16". Pure.
+
+    bf16 is chosen only when it takes <= BF16_MARGIN of the fp32 time over 1 token AND over
+    `block_size` tokens; `machine` names where that was measured, for the reason line.
+    """
+    fp32, bf16 = costs_by_dtype.get("fp32"), costs_by_dtype.get("bf16")
+    if not fp32 or not bf16:
+        return "fp32", f"fp32: bf16 was not measured on {machine}"
+    one = bf16["one_token_s"] / fp32["one_token_s"]
+    block = bf16["block_s"] / fp32["block_s"]
+    if one <= BF16_MARGIN and block <= BF16_MARGIN:
+        return "bf16", f"bf16: one token {one:.2f}x and {block_size} tokens {block:.2f}x the fp32 time on {machine}"
+    worst, shape = (one, "one token") if one >= block else (block, f"{block_size} tokens")
+    if worst > 1.0:
+        other = block if shape == "one token" else one
+        other_shape = f"{block_size} tokens" if shape == "one token" else "one token"
+        return "fp32", f"fp32: bf16 is {worst:.1f}x slower over {shape} ({other_shape} {other:.2f}x) on {machine}"
+    return "fp32", (f"fp32: bf16 saves too little on {machine} (one token {one:.2f}x, {block_size} tokens "
+                    f"{block:.2f}x the fp32 time; needs <= {BF16_MARGIN}x on both)")
+
+
+# ---- keys ----------------------------------------------------------------------------------------
+def cpu_facts() -> tuple[str, tuple[str, ...]]:
+    """(CPU model name, the bf16-relevant ISA flags it has) from /proc/cpuinfo; best effort elsewhere."""
+    name, flags = "", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and not name:
+                name = value.strip()
+            elif key.strip() in ("flags", "Features") and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    name = name or platform.processor() or platform.machine() or "unknown CPU"
+    return name, tuple(f for f in _ISA_FLAGS if f in flags)
+
+
+def describe_machine(device: torch.device | str = "cpu") -> str:
+    """Short words for reason lines: 'this CPU (AMD EPYC, avx2 only: bf16 matmuls are emulated)'."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"CUDA device {torch.cuda.get_device_name(device)}"
+    name, isa = cpu_facts()
+    if "amx_bf16" in isa or "avx512_bf16" in isa:
+        return f"this CPU ({name}, {', '.join(f for f in isa if f.endswith('bf16'))})"
+    if isa:
+        return f"this CPU ({name}, {isa[0]} only: bf16 matmuls are emulated)"
+    return f"this CPU ({name})"
+
+
+def machine_key(device: torch.device | str = "cpu") -> str:
+    """What a timing depends on besides the model: CPU model + ISA flags, torch, threads (or the GPU)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"cuda={torch.cuda.get_device_name(device)}|torch={torch.__version__}"
+    name, isa = cpu_facts()
+    return f"cpu={name}|isa={','.join(isa) or 'none'}|torch={torch.__version__}|threads={torch.get_num_threads()}"
+
+
+def model_key(model: torch.nn.Module, block_size: int) -> str:
+    """sha256 of the model's config (volatile fields dropped, attention kernel kept) and the block size."""
+    config = _stable(model.config.to_dict())
+    config["attn_implementation"] = getattr(model.config, "_attn_implementation", None)
+    blob = json.dumps({"config": config, "block_size": block_size}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _stable(config: dict) -> dict:
+    return {k: _stable(v) if isinstance(v, dict) else v for k, v in config.items() if k not in _VOLATILE}
+
+
+# ---- cache file ----------------------------------------------------------------------------------
+def default_cache_dir() -> Path:
+    if os.environ.get("DFLASH_CACHE_DIR"):
+        return Path(os.environ["DFLASH_CACHE_DIR"])
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "dflash"
+    return Path.home() / ".cache" / "dflash"
+
+
+def read_cache(cache_dir: Path) -> dict:
+    """key -> entry; an unreadable or corrupt file reads as empty (it is re-measured and overwritten)."""
+    try:
+        data = json.loads((cache_dir / CACHE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_cache(cache_dir: Path, data: dict) -> None:
+    """Atomic: a temp file in the same directory, then os.replace. A cache that cannot be written is skipped."""
+    temp = None
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        fd, temp = tempfile.mkstemp(dir=cache_dir, prefix=CACHE_FILE, suffix=".tmp")
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=1, sort_keys=True)
+        os.replace(temp, cache_dir / CACHE_FILE)
+    except OSError:
+        if temp is not None and os.path.exists(temp):
+            os.unlink(temp)
+
+
+def _valid_entry(entry) -> bool:
+    return isinstance(entry, dict) and entry.get("choice") in _DTYPES and isinstance(entry.get("reason"), str)
+
+
+# ---- public entry ---------------------------------------------------------------------------------
+def resolve_auto_dtype(model: torch.nn.Module, block_size: int, *, device: torch.device | str,
+                       probe: Probe | None = None,
+                       cache_dir: str | os.PathLike | None = None) -> tuple[torch.dtype, str]:
+    """(dtype, one reason line) for `dtype='auto'` on a Hugging Face causal LM.
+
+    CUDA: bf16, no probe. Elsewhere: the cached choice for this machine, model and block size
+    (reason ends " (cached)"), or probe fp32 and bf16 now, choose, and cache. `probe(model, dtype,
+    block_size) -> costs` replaces `probe_forward_costs` (tests inject timings through it).
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.bfloat16, f"bf16: {describe_machine(device)} supports it"
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    key = f"{machine_key(device)}|model={model_key(model, block_size)[:16]}|block={block_size}"
+    data = read_cache(cache_dir)
+    entry = data.get(key)
+    if _valid_entry(entry):
+        return _DTYPES[entry["choice"]], entry["reason"] + " (cached)"
+    probe = probe or probe_forward_costs
+    costs = {name: probe(model, dtype, block_size) for dtype, name in _NAMES.items()}
+    choice, reason = choose_dtype(costs, block_size, machine=describe_machine(device))
+    data[key] = {"costs": costs, "choice": choice, "reason": reason,
+                 "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    write_cache(cache_dir, data)
+    return _DTYPES[choice], reason

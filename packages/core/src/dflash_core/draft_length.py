@@ -1,0 +1,256 @@
+"""Cost-aware draft length: verify only as many drafts as pay for their verify time.
+
+Cost model (one decode step; B = block size; k = drafts verified, 0 <= k <= B-1):
+  T(k) = [k > 0] * draft_s + verify(k + 1)       seconds; k = 0 is a plain target step, no drafter pass
+  E(k) = 1 + sum_{j=1..k} prod_{i=1..j} p_i      expected committed tokens (the target's own token is 1)
+  p_i  = P(draft i accepted | drafts 1..i-1 accepted), estimated from this request's steps
+  k*   = argmax_k E(k) / T(k)                    committed tokens per second
+`verify(q)` (a target forward over q new tokens, logits and argmax included) and `draft_s` (one
+drafter pass) come from a `VerifyCostTable` measured once on the machine. A batch of r rows
+verifying k+1 tokens each is costed as one forward over r*(k+1) tokens (the table extended
+linearly past B), the drafter pass scaled the same way.
+
+Estimates: per draft position i, decayed counts reached[i] (draft i was verified with all before
+it accepted) and accepted[i], with a Beta(2, 1) prior: p_i = (accepted + 2) / (reached + 3), a
+mildly optimistic 2/3 before any evidence, so the drafter is tried first. Counts decay by
+`memory` (0.9) per observed row, so the estimate follows the last ~10 steps of the request.
+
+Exploration: once the policy settles on k = 0 no drafts are verified and nothing new is learnt,
+so after 2, 4, 8, ... consecutive plain steps (capped at 32) one step drafts anyway, with the
+best k >= 1. The gap doubles after each such retry and returns to 2 whenever the policy chooses
+to draft on its own, so a drafter that starts accepting again is noticed within a few retries.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from transformers import DynamicCache
+
+from .target import TargetModel
+
+PRIOR = (2.0, 1.0)  # Beta(accepted, rejected) pseudo-counts per draft position: mean 2/3
+
+
+@dataclass(frozen=True)
+class VerifyCostTable:
+    """Measured step costs on one machine, for one target/drafter pair, at batch 1."""
+
+    seconds: tuple[float, ...]
+    """seconds[q-1]: a target forward over q new tokens (q = 1..B), logits and argmax included; > 0."""
+    draft_s: float
+    """One drafter pass over a block of B positions; >= 0."""
+
+    def __post_init__(self) -> None:
+        if not self.seconds or not all(math.isfinite(s) and s > 0 for s in self.seconds):
+            raise ValueError(f"verify cost table needs one positive time per block position, got {self.seconds}")
+        if not (math.isfinite(self.draft_s) and self.draft_s >= 0):
+            raise ValueError(f"drafter pass time must be >= 0 seconds, got {self.draft_s}")
+
+    @property
+    def block_size(self) -> int:
+        return len(self.seconds)
+
+    def verify(self, q: int) -> float:
+        """Seconds of a target forward over q new tokens; past the table, extended linearly."""
+        if q < 1:
+            raise ValueError(f"a target forward covers at least 1 token, got {q}")
+        if q <= len(self.seconds):
+            return self.seconds[q - 1]
+        return self.seconds[-1] + (q - len(self.seconds)) * self.marginal_s
+
+    @property
+    def marginal_s(self) -> float:
+        """Mean cost of one more token over the table (the slope used to extend it)."""
+        if len(self.seconds) == 1:
+            return self.seconds[0]
+        return max(0.0, (self.seconds[-1] - self.seconds[0]) / (len(self.seconds) - 1))
+
+    def step(self, k: int, rows: int = 1) -> float:
+        """T(k): seconds of a step verifying k drafts per row for `rows` rows (drafter pass if k > 0)."""
+        verify = self.verify(rows * (k + 1))
+        if k == 0:
+            return verify
+        return self.draft_s * self.verify(rows * self.block_size) / self.seconds[-1] + verify
+
+    def relative(self) -> tuple[float, ...]:
+        """Verify times as multiples of the one-token forward (1.0 first): the shape of the table."""
+        return tuple(s / self.seconds[0] for s in self.seconds)
+
+    def to_dict(self) -> dict:
+        return {"seconds": list(self.seconds), "draft_s": self.draft_s}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "VerifyCostTable":
+        try:
+            return cls(seconds=tuple(float(s) for s in data["seconds"]), draft_s=float(data["draft_s"]))
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"not a verify cost table ({error}): expected {{'seconds': [...], 'draft_s': x}}") \
+                from None
+
+
+@torch.inference_mode()
+def measure_cost_table(target, drafter, block_size: int, *, context: int = 64, repeats: int = 3) -> VerifyCostTable:
+    """Times of the target verify forward for q = 1..block_size and of one drafter pass.
+
+    `target` is a TargetModel or a Hugging Face causal LM; both models as they will decode
+    (device, dtype, threads). Each q gets a fresh DynamicCache prefilled with `context` tokens;
+    after each timed forward the cache is cut back to the context. Each time is the fastest of
+    `repeats` after one warm-up run (other work on the machine only ever adds time), and the table
+    is made non-decreasing in q from the right (a forward over more tokens is never cheaper).
+    """
+    if not 1 <= block_size <= drafter.config.block_size:
+        raise ValueError(f"block_size {block_size} is outside 1..{drafter.config.block_size} (the drafter's block)")
+    if context < 1 or repeats < 1:
+        raise ValueError(f"context and repeats must be >= 1, got {context} and {repeats}")
+    model = target.model if isinstance(target, TargetModel) else target
+    target = TargetModel(model, drafter.config.target_layer_ids)  # features the drafter reads
+    device = target.device
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, target.vocab_size, (1, context + block_size), generator=generator).to(device)
+    positions = torch.arange(context + block_size, device=device)[None]  # [1, C + B]
+    seconds = [_time_verify(target, ids, positions, context, q, repeats) for q in range(1, block_size + 1)]
+    for q in range(block_size - 2, -1, -1):  # more tokens never cost less: a spike at q is noise
+        seconds[q] = min(seconds[q], seconds[q + 1])
+    draft_s = _time_draft(target, drafter, ids, positions, context, block_size, repeats)
+    return VerifyCostTable(seconds=tuple(seconds), draft_s=draft_s)
+
+
+def _time_verify(target: TargetModel, ids: torch.Tensor, positions: torch.Tensor, context: int, q: int,
+                 repeats: int) -> float:
+    cache = DynamicCache()
+    target(ids[:, :context], positions[:, :context], cache)
+    times = []
+    for i in range(repeats + 1):  # the first run warms up and is not counted
+        started = time.perf_counter()
+        out = target(ids[:, context : context + q], positions[:, context : context + q], cache)
+        target.logits(out.hidden).argmax(dim=-1)  # [1, q]: the verify step's target choices
+        _sync(target.device)
+        if i:
+            times.append(time.perf_counter() - started)
+        for layer in cache.layers:  # back to the context (by hand: `crop`'s argument differs by version)
+            layer.keys, layer.values = layer.keys[:, :, :context], layer.values[:, :, :context]
+    return min(times)
+
+
+def _time_draft(target: TargetModel, drafter, ids: torch.Tensor, positions: torch.Tensor, context: int,
+                block_size: int, repeats: int) -> float:
+    out = target(ids[:, :context], positions[:, :context], DynamicCache())
+    dcache = drafter.new_cache(1, context + block_size)
+    drafter.extend_cache(dcache, out.features, positions[:, :context], [context])
+    masks = torch.full((1, block_size - 1), drafter.config.mask_token_id, dtype=torch.long, device=target.device)
+    noise = target.embed(torch.cat([ids[:, context - 1 : context], masks], dim=1))  # [1, B, H]
+    times = []
+    for i in range(repeats + 1):
+        started = time.perf_counter()
+        drafter.propose(dcache, noise, positions[:, context:], target.logits)  # [1, B-1] draft tokens
+        _sync(target.device)
+        if i:
+            times.append(time.perf_counter() - started)
+    return min(times)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class DraftLengthPolicy:
+    """Per request: choose how many drafts to verify each step, learn from what was accepted."""
+
+    def __init__(self, costs: VerifyCostTable, block_size: int | None = None, *, memory: float = 0.9,
+                 max_explore_gap: int = 32) -> None:
+        block_size = costs.block_size if block_size is None else block_size
+        if not 1 <= block_size <= costs.block_size:
+            raise ValueError(f"block_size {block_size} is outside 1..{costs.block_size} (the cost table's length)")
+        if not 0.0 < memory <= 1.0:
+            raise ValueError(f"memory must be in (0, 1], got {memory}")
+        if max_explore_gap < 2:
+            raise ValueError(f"max_explore_gap must be >= 2, got {max_explore_gap}")
+        self.costs, self.block_size = costs, block_size
+        self.memory, self.max_explore_gap = memory, max_explore_gap
+        self.reached = [0.0] * (block_size - 1)  # index i-1: draft position i
+        self.accepted = [0.0] * (block_size - 1)
+        self.plain_steps = 0  # consecutive k = 0 steps since the last drafting step
+        self.explore_gap = 2
+
+    # ---- estimates ---------------------------------------------------------------------------
+    def acceptance(self) -> tuple[float, ...]:
+        """p_i for i = 1..B-1: posterior mean of draft i's acceptance given all before it accepted."""
+        a, b = PRIOR
+        return tuple((acc + a) / (n + a + b) for acc, n in zip(self.accepted, self.reached))
+
+    def expected_tokens(self) -> tuple[float, ...]:
+        """E(k) for k = 0..B-1: expected committed tokens when k drafts are verified."""
+        expected, survive = [1.0], 1.0
+        for p in self.acceptance():
+            survive *= p
+            expected.append(expected[-1] + survive)
+        return tuple(expected)
+
+    def rates(self, rows: int = 1) -> tuple[float, ...]:
+        """Expected committed tokens per second, E(k) * rows / T(k, rows), for k = 0..B-1."""
+        return tuple(e * rows / self.costs.step(k, rows) for k, e in enumerate(self.expected_tokens()))
+
+    # ---- decisions ---------------------------------------------------------------------------
+    def choose(self, rows: int = 1) -> int:
+        """k for this step (one for all `rows` rows of the batch); counts plain steps for exploration."""
+        if rows < 1:
+            raise ValueError(f"rows must be >= 1, got {rows}")
+        rates = self.rates(rows)
+        best = max(range(len(rates)), key=lambda k: (rates[k], -k))  # ties: the cheaper step
+        if best > 0:
+            self.plain_steps, self.explore_gap = 0, 2
+            return best
+        if self.block_size == 1:
+            return 0
+        self.plain_steps += 1
+        if self.plain_steps <= self.explore_gap:
+            return 0
+        # retry drafting: the best k >= 1 under today's estimates; wait twice as long next time
+        self.plain_steps = 0
+        self.explore_gap = min(2 * self.explore_gap, self.max_explore_gap)
+        return max(range(1, len(rates)), key=lambda k: (rates[k], -k))
+
+    def observe(self, k_verified: int, accepted: int) -> None:
+        """One row's outcome: `accepted` of the `k_verified` drafts it verified were accepted."""
+        if not 0 <= accepted <= k_verified <= self.block_size - 1:
+            raise ValueError(f"observed {accepted} accepted of {k_verified} verified drafts; expected "
+                             f"0 <= accepted <= verified <= {self.block_size - 1}")
+        if k_verified == 0:
+            return  # a plain step says nothing about the drafter
+        for i in range(self.block_size - 1):
+            self.reached[i] *= self.memory
+            self.accepted[i] *= self.memory
+        for i in range(min(accepted + 1, k_verified)):  # positions 1..a accepted, a+1 (if verified) rejected
+            self.reached[i] += 1.0
+            self.accepted[i] += 1.0 if i < accepted else 0.0
+
+    def trim(self, k: int, confidences: Sequence[float] | torch.Tensor) -> int:
+        """Shorten a chosen k using the drafter's own confidence in each draft. Pure; optional.
+
+        confidences [>= k]: the drafter's softmax probability of its argmax at draft positions
+        1..k, taken as acceptance probabilities: E_j = 1 + sum_{m<=j} prod_{i<=m} c_i over
+        T_j = draft_s + verify(j + 1) (the drafter has already run). Returns the j in 0..k with
+        the best E_j / T_j: a position is kept while its expected tokens pay for its marginal
+        verify time at the step's rate. Only as good as the drafter's calibration.
+        """
+        values = confidences.tolist() if isinstance(confidences, torch.Tensor) else list(confidences)
+        if not 0 <= k <= min(len(values), self.block_size - 1):
+            raise ValueError(f"trim needs 0 <= k <= {self.block_size - 1} and a confidence per draft; "
+                             f"got k={k} with {len(values)} confidences")
+        if k == 0:
+            return 0
+        expected, survive, best, best_rate = 1.0, 1.0, 0, -1.0
+        for j in range(k + 1):
+            if j:
+                survive *= min(1.0, max(0.0, float(values[j - 1])))
+                expected += survive
+            rate = expected / (self.costs.draft_s + self.costs.verify(j + 1))
+            if rate > best_rate:
+                best, best_rate = j, rate
+        return best

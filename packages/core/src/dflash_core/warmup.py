@@ -1,0 +1,16 @@
+"""Warm-up before timing: the first forwards of a shape pay for lazy kernel set-up."""
+
+from __future__ import annotations
+
+import torch
+
+from .autoregressive import generate_autoregressive
+from .decoding import generate
+from .drafter_backend import DrafterBackend
+
+
+def warm_up(target, drafter: DrafterBackend, input_ids: torch.Tensor, stop_token_ids: list[int]) -> None:
+    """A few greedy tokens of both decoders on the last 8 prompt tokens (nothing is returned)."""
+    short = input_ids[:, -8:]
+    generate_autoregressive(target, short, max_new_tokens=4, stop_token_ids=stop_token_ids)
+    generate(target, drafter, short, max_new_tokens=2 * drafter.config.block_size, stop_token_ids=stop_token_ids)

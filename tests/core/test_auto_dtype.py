@@ -1,0 +1,94 @@
+"""dtype='auto': bf16 only when measured faster on both shapes; the choice is cached per machine and model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from dflash_core.auto_dtype import (CACHE_FILE, choose_dtype, default_cache_dir, model_key, probe_forward_costs,
+                                    resolve_auto_dtype)
+from tiny import tiny_target
+
+
+def _costs(fp32: tuple[float, float], bf16: tuple[float, float], block: int = 16) -> dict:
+    return {name: {"dtype": name, "one_token_s": one, "block_s": blk, "block_size": block}
+            for name, (one, blk) in (("fp32", fp32), ("bf16", bf16))}
+
+
+def _probe(costs: dict, calls: list):
+    """A probe returning given timings (these tests are about the choice, not the clock)."""
+    def probe(model, dtype, block_size):
+        name = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
+        calls.append(name)
+        return costs[name]
+    return probe
+
+
+def _refuse(model, dtype, block_size):
+    raise AssertionError("the probe ran although the choice was cached")
+
+
+SLOW_BF16 = _costs(fp32=(0.010, 0.020), bf16=(0.012, 0.078))  # avx2-only: bf16 emulated
+FAST_BF16 = _costs(fp32=(0.010, 0.020), bf16=(0.0062, 0.011))  # AMX / AVX512-BF16
+
+
+def test_choice_follows_the_measurements_and_names_them():
+    assert choose_dtype(SLOW_BF16, 16, machine="this CPU (X)") == (
+        "fp32", "fp32: bf16 is 3.9x slower over 16 tokens (one token 1.20x) on this CPU (X)")
+    assert choose_dtype(FAST_BF16, 16, machine="this CPU (X)") == (
+        "bf16", "bf16: one token 0.62x and 16 tokens 0.55x the fp32 time on this CPU (X)")
+    # faster, but not by the 10% margin on both shapes
+    choice, reason = choose_dtype(_costs(fp32=(0.010, 0.020), bf16=(0.005, 0.019)), 16)
+    assert choice == "fp32" and "0.50x" in reason and "0.95x" in reason
+
+
+@pytest.mark.parametrize("costs, dtype", [(SLOW_BF16, torch.float32), (FAST_BF16, torch.bfloat16)])
+def test_resolve_probes_once_then_uses_the_cache(tmp_path, costs, dtype):
+    model, calls = tiny_target(), []
+    chosen, reason = resolve_auto_dtype(model, 16, device="cpu", probe=_probe(costs, calls), cache_dir=tmp_path)
+    assert chosen == dtype and sorted(calls) == ["bf16", "fp32"] and not reason.endswith("(cached)")
+    entry, = json.loads((tmp_path / CACHE_FILE).read_text()).values()
+    assert entry["choice"] == {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
+    assert entry["costs"] == costs and entry["reason"] == reason and entry["measured_at"]
+    again = resolve_auto_dtype(model, 16, device="cpu", probe=_refuse, cache_dir=tmp_path)
+    assert again == (dtype, reason + " (cached)")
+    # another block size is another question: measured again, kept beside the first
+    resolve_auto_dtype(model, 8, device="cpu", probe=_probe(costs, calls), cache_dir=tmp_path)
+    assert len(calls) == 4 and len(json.loads((tmp_path / CACHE_FILE).read_text())) == 2
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"k": 3}', ""])
+def test_corrupt_cache_is_measured_again_and_overwritten(tmp_path, content):
+    (tmp_path / CACHE_FILE).write_text(content)
+    calls: list = []
+    model = tiny_target()
+    assert resolve_auto_dtype(model, 16, device="cpu", probe=_probe(SLOW_BF16, calls),
+                              cache_dir=tmp_path)[0] == torch.float32
+    assert len(calls) == 2
+    assert resolve_auto_dtype(model, 16, device="cpu", probe=_refuse, cache_dir=tmp_path)[1].endswith("(cached)")
+    assert [p.name for p in tmp_path.iterdir()] == [CACHE_FILE]  # no temp file left behind
+
+
+def test_cache_dir_from_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("DFLASH_CACHE_DIR", str(tmp_path / "a"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "a"
+    monkeypatch.delenv("DFLASH_CACHE_DIR")
+    assert default_cache_dir() == tmp_path / "xdg" / "dflash"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert default_cache_dir().parts[-2:] == (".cache", "dflash")
+
+
+def test_model_key_ignores_dtype_but_not_shape_or_block():
+    key = model_key(tiny_target(), 16)
+    assert key == model_key(tiny_target(dtype=torch.bfloat16), 16)
+    assert key != model_key(tiny_target(), 8) and key != model_key(tiny_target(layers=2), 16)
+
+
+def test_real_probe_times_both_shapes_and_leaves_the_model_alone():
+    model = tiny_target(vocab=32, layers=2)
+    costs = probe_forward_costs(model, torch.bfloat16, 4, context=8, repeats=1)
+    assert costs["dtype"] == "bf16" and costs["block_size"] == 4
+    assert costs["one_token_s"] > 0 and costs["block_s"] > 0
+    assert next(model.parameters()).dtype == torch.float32

@@ -1,0 +1,95 @@
+"""Cost-aware draft length: k maximises expected committed tokens per second, and keeps learning."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dflash_core.draft_length import DraftLengthPolicy, VerifyCostTable, measure_cost_table
+from tiny import drafter_config, tiny_drafter, tiny_target
+
+# verify over 1..4 tokens; the 4-token forward is a step up (as at a kernel tile boundary)
+STEPPED = (1.0, 1.2, 1.4, 2.4)
+
+
+def _run(policy: DraftLengthPolicy, steps: int, accept) -> list[int]:
+    """Decode `steps` steps where a row accepts `accept(k)` of the k drafts it verifies."""
+    chosen = []
+    for _ in range(steps):
+        k = policy.choose()
+        policy.observe(k, accept(k))
+        chosen.append(k)
+    return chosen
+
+
+def test_drafter_that_never_accepts_ends_in_plain_steps():
+    policy = DraftLengthPolicy(VerifyCostTable(seconds=(1.0, 1.1, 1.2, 1.3), draft_s=0.3))
+    chosen = _run(policy, 30, accept=lambda k: 0)
+    assert chosen[0] > 0  # the optimistic prior tries the drafter first
+    assert chosen[5:7] == [0, 0]  # five rejected steps are enough
+    assert chosen[5:].count(0) == 25 - 3  # all plain but three exploring retries
+
+
+def test_drafter_that_always_accepts_uses_the_whole_block_on_a_flat_table():
+    policy = DraftLengthPolicy(VerifyCostTable(seconds=(1.0,) * 8, draft_s=0.5))
+    assert _run(policy, 10, accept=lambda k: k) == [7] * 10
+
+
+@pytest.mark.parametrize("seconds, draft_s, expected", [
+    # E(k) = 1, 1.8, 2.28, 2.64 (p = 0.8, 0.6, 0.75, below)
+    (STEPPED, 0.4, 2),  # T = 1.0, 1.6, 1.8, 2.8 -> E/T = 1.0, 1.125, 1.267, 0.943
+    ((1.0, 1.2, 1.4, 1.5), 0.4, 3),  # T(3) = 1.9 -> E/T = 1.389, the best
+    (STEPPED, 2.0, 0),  # T = 1.0, 3.2, 3.4, 4.4 -> E/T = 1.0, 0.563, 0.671, 0.6
+])
+def test_choose_maximises_tokens_per_second_hand_computed(seconds, draft_s, expected):
+    policy = DraftLengthPolicy(VerifyCostTable(seconds=seconds, draft_s=draft_s), memory=1.0)
+    policy.observe(3, 3)
+    policy.observe(3, 1)
+    # Beta(2, 1) prior: p1 = (2+2)/(2+3), p2 = (1+2)/(2+3) (reached twice, accepted once), p3 = (1+2)/(1+3)
+    assert policy.acceptance() == pytest.approx((0.8, 0.6, 0.75))
+    assert policy.expected_tokens() == pytest.approx((1.0, 1.8, 2.28, 2.64))
+    assert policy.choose() == expected
+
+
+def test_plain_steps_retry_drafting_after_2_4_8_16_steps_and_notice_a_recovery():
+    policy = DraftLengthPolicy(VerifyCostTable(seconds=(1.0, 1.1, 1.2, 1.3), draft_s=0.3))
+    chosen = _run(policy, 60, accept=lambda k: 0)
+    settled = chosen.index(0)
+    drafted = [i - settled for i, k in enumerate(chosen) if i >= settled and k > 0]
+    assert drafted == [2, 7, 16, 33]  # gaps of 2, 4, 8, 16 plain steps between retries
+    recovered = _run(policy, 40, accept=lambda k: k)
+    first = next(i for i, k in enumerate(recovered) if k > 0)
+    assert all(k == 3 for k in recovered[first:])  # one good retry brings drafting back for good
+
+
+def test_trim_cuts_where_a_position_no_longer_pays_hand_computed():
+    policy = DraftLengthPolicy(VerifyCostTable(seconds=STEPPED, draft_s=0.4))
+    # E_j/T_j = 1/1.4, 1.9/1.6, 2.71/1.8, 2.791/2.8 -> j = 2
+    assert policy.trim(3, [0.9, 0.9, 0.1]) == 2
+    # 1/1.4 = 0.714 beats 1.1/1.6, 1.19/1.8, 1.271/2.8 -> verify no draft at all
+    assert policy.trim(3, torch.tensor([0.1, 0.9, 0.9])) == 0
+    assert policy.trim(1, [1.0]) == 1 and policy.trim(0, []) == 0
+    with pytest.raises(ValueError, match="confidence per draft"):
+        policy.trim(3, [0.9])
+
+
+def test_cost_table_round_trip_bounds_and_batch_costing():
+    table = VerifyCostTable(seconds=STEPPED, draft_s=0.4)
+    assert VerifyCostTable.from_dict(table.to_dict()) == table
+    assert table.relative() == pytest.approx((1.0, 1.2, 1.4, 2.4))
+    assert table.verify(6) == pytest.approx(2.4 + 2 * (1.4 / 3))  # extended by the mean slope
+    assert table.step(0) == 1.0 and table.step(1, rows=2) == pytest.approx(0.4 * table.verify(8) / 2.4 + 2.4)
+    with pytest.raises(ValueError, match="positive time"):
+        VerifyCostTable(seconds=(1.0, 0.0), draft_s=0.1)
+    with pytest.raises(ValueError, match="not a verify cost table"):
+        VerifyCostTable.from_dict({"seconds": [1.0]})
+    with pytest.raises(ValueError, match="accepted <= verified"):
+        DraftLengthPolicy(table).observe(2, 3)
+
+
+def test_measure_cost_table_on_tiny_models():
+    model = tiny_target(vocab=32, layers=2)
+    drafter = tiny_drafter(drafter_config(model, block_size=4))
+    table = measure_cost_table(model, drafter, 4, context=8, repeats=1)
+    assert table.block_size == 4 and all(s > 0 for s in table.seconds) and table.draft_s > 0
+    assert list(table.seconds) == sorted(table.seconds)  # more tokens never cost less
+    assert DraftLengthPolicy(table).choose() in range(4)
