@@ -28,3 +28,7 @@ class GenerationError(DFlashError, ValueError):
 
 class DataError(DFlashError, ValueError):
     """A training data set is missing, empty or corrupt."""
+
+
+class OutputError(DFlashError, ValueError):
+    """An output location would modify an input or clobber data that is not this command's own."""

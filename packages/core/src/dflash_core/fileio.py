@@ -9,7 +9,9 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
+
+from .errors import OutputError
 
 
 def _umask() -> int:
@@ -108,3 +110,29 @@ def atomic_directory(path: str | os.PathLike, *, overwrite: bool = False) -> Ite
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def guard_output(out: str | os.PathLike, inputs: list[str | os.PathLike], *, flag: str = "--out",
+                 force: bool = False, is_own_state: Callable[[Path], bool] | None = None) -> Path:
+    """Refuse an output location that would modify or delete an input, or clobber unrelated data.
+
+    - `out` that is, contains or lies inside any of `inputs` is refused, `force` or not;
+    - `out` naming an existing file (not a directory) is refused;
+    - an existing non-empty `out` is accepted only when `is_own_state(out)` says it holds this
+      command's own resumable state, or with `force`.
+    Raises OutputError (one line naming the flag and path); returns `out` as given.
+    """
+    out = Path(out)
+    resolved = out.resolve()
+    for given in inputs:
+        source = Path(given).resolve()
+        if resolved == source or source.is_relative_to(resolved) or resolved.is_relative_to(source):
+            relation = "is" if resolved == source else ("contains" if source.is_relative_to(resolved) else "lies inside")
+            raise OutputError(f"{flag} {out} {relation} the input {given}: inputs are never modified or deleted; "
+                              "choose another output location.")
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"{flag} {out} is an existing file, expected a directory (new or this command's own).")
+    if out.is_dir() and any(out.iterdir()) and not force and not (is_own_state and is_own_state(out)):
+        raise OutputError(f"{flag} {out} already holds other files; pass --force to replace it, "
+                          "or choose an empty or new directory.")
+    return out
