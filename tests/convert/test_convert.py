@@ -174,9 +174,10 @@ def test_existing_output_needs_force(pair, tmp_path, capsys):
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     code, _, err = run(capsys, drafter, "--to", "trtllm", "--out", out)
-    assert code == 2 and "already exists; pass --force" in err and (out / "keep.txt").exists()
+    assert code == 2 and "already holds other files; pass --force" in err and (out / "keep.txt").exists()
     assert run(capsys, drafter, "--to", "trtllm", "--out", out, "--force")[0] == 0
     assert not (out / "keep.txt").exists() and (out / "dflash.yaml").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["o"]  # no .old-* or .tmp sibling left
 
 
 def test_sharded_and_training_sources(pair, tmp_path, capsys):
@@ -288,3 +289,32 @@ def test_console_script(pair, tmp_path):
     bad = subprocess.run([str(exe), str(tmp_path / "nothing"), "--to", "onnx", "--out", str(tmp_path / "p")],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_outputs_carry_no_remote_code_keys(tmp_path, capsys):
+    """auto_map / trust_remote_code in the source config or the target's tokenizer never reach an output."""
+    from tiny import tiny_target
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>"] + [f"w{i}" for i in range(40)]
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(
+        {w: i for i, w in enumerate(words)}, unk_token="<unk>")), unk_token="<unk>")
+    tiny_target(vocab=48).save_pretrained(tmp_path / "t")
+    tokenizer.save_pretrained(tmp_path / "t")
+    tiny_drafter(drafter_config(vocab=48, block_size=4, mask_token_id=41)).save_pretrained(tmp_path / "d")
+    remote = {"auto_map": {"AutoModel": "modeling_dflash.DFlashDraftModel"}, "trust_remote_code": True}
+    settings = json.loads((tmp_path / "t" / "tokenizer_config.json").read_text())
+    (tmp_path / "t" / "tokenizer_config.json").write_text(json.dumps({**settings, **remote}))
+    config = json.loads((tmp_path / "d" / "config.json").read_text())
+    config["dflash_config"].update(remote)  # nested keys go too
+    (tmp_path / "d" / "config.json").write_text(json.dumps({**config, **remote}))
+    source_config = (tmp_path / "d" / "config.json").read_text()
+    for to in ("sglang", "trtllm"):
+        out = tmp_path / to
+        code, _, err = run(capsys, tmp_path / "d", "--to", to, "--out", out, "--target-model", tmp_path / "t")
+        assert code == 0, err
+        assert (out / "tokenizer" / "tokenizer_config.json").is_file()
+        for file in [*out.rglob("*.json"), *out.rglob("*.yaml")]:
+            assert "auto_map" not in file.read_text() and "trust_remote_code" not in file.read_text(), file
+    assert (tmp_path / "d" / "config.json").read_text() == source_config

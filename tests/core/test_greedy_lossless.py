@@ -7,7 +7,8 @@ import random
 
 import pytest
 import torch
-from dflash_core import generate, generate_autoregressive
+from dflash_core import GenerationError, generate, generate_autoregressive
+from dflash_core.draft_length import DraftLengthPolicy, VerifyCostTable
 from tiny import ARCHS, drafter_config, tiny_drafter, tiny_target
 
 
@@ -51,14 +52,23 @@ def _padded(prompts, left: bool):
     return torch.tensor(ids), torch.tensor(mask)
 
 
+def _draft_length(seed: int, block: int):
+    """Every kind of k over the sweep: the cost-aware policy, plain steps, fixed k, the full block."""
+    choice = seed % 4
+    return ["auto", 0, random.Random(seed).randrange(1, block), block - 1][choice]
+
+
 @pytest.mark.parametrize("seed", range(60))
 def test_random_sweep_matches_target(seed):
     model, drafter, prompts, max_new, stop = _case(seed)
     ids, mask = _padded(prompts, left=seed % 2 == 0)
-    result = generate(model, drafter, ids, attention_mask=mask, max_new_tokens=max_new, stop_token_ids=stop)
+    k = _draft_length(seed, drafter.config.block_size)
+    result = generate(model, drafter, ids, attention_mask=mask, max_new_tokens=max_new, stop_token_ids=stop,
+                      draft_length=k)
     for row, prompt in enumerate(prompts):
         assert result.tokens[row] == target_greedy(model, prompt, max_new, stop), f"row {row}"
-        assert all(1 <= a <= drafter.config.block_size for a in result.acceptance_lengths[row])
+        limit = drafter.config.block_size if k == "auto" else k + 1
+        assert all(1 <= a <= limit for a in result.acceptance_lengths[row])
         assert sum(result.acceptance_lengths[row]) + 1 == len(result.tokens[row])
 
 
@@ -68,7 +78,8 @@ def test_sweep_exercises_multi_token_acceptance():
     for seed in range(60):
         model, drafter, prompts, max_new, stop = _case(seed)
         ids, mask = _padded(prompts, left=False)
-        result = generate(model, drafter, ids, attention_mask=mask, max_new_tokens=max_new, stop_token_ids=stop)
+        result = generate(model, drafter, ids, attention_mask=mask, max_new_tokens=max_new, stop_token_ids=stop,
+                          draft_length=drafter.config.block_size - 1)
         longest = max([longest] + [a for row in result.acceptance_lengths for a in row])
     assert longest >= 4
 
@@ -86,7 +97,7 @@ def _always_zero(model, drafter):
 def test_max_new_tokens_cuts_a_fully_accepted_block(block, max_new):
     model = tiny_target(vocab=16)
     model, drafter = _always_zero(model, tiny_drafter(drafter_config(model, block_size=block)))
-    result = generate(model, drafter, torch.tensor([[3, 5, 7]]), max_new_tokens=max_new)
+    result = generate(model, drafter, torch.tensor([[3, 5, 7]]), max_new_tokens=max_new, draft_length=block - 1)
     assert result.tokens[0] == [0] * max_new == target_greedy(model, [3, 5, 7], max_new)
     if max_new > 1:
         assert result.acceptance_lengths[0][0] == min(block, max_new - 1)
@@ -108,7 +119,8 @@ def test_stop_token_mid_block():
     reference = target_greedy(model, prompt, 40)
     hits = 0
     for stop in set(reference[2:]):
-        result = generate(model, drafter, torch.tensor([prompt]), max_new_tokens=40, stop_token_ids=[stop])
+        result = generate(model, drafter, torch.tensor([prompt]), max_new_tokens=40, stop_token_ids=[stop],
+                          draft_length=7)
         want = target_greedy(model, prompt, 40, [stop])
         assert result.tokens[0] == want and result.finish_reasons == ["stop"]
         # the stop ended a step that had accepted more tokens than it committed
@@ -145,3 +157,36 @@ def test_bf16_equals_the_target_or_parts_only_at_a_rounding_tie(seed):
         gap = abs(float(logits[spec[parted]] - logits[alone[parted]]))
         step = 2.0 ** (math.floor(math.log2(abs(float(logits[alone[parted]])) + 1e-30)) - 7)  # one bf16 ulp
         assert gap <= 4 * step, f"outputs part at token {parted} with a logit gap of {gap}, not a rounding tie"
+
+
+def test_draft_length_is_checked():
+    model = tiny_target(vocab=16)
+    drafter = tiny_drafter(drafter_config(model, block_size=4))
+    for bad in (4, -1, "3", 1.5, True):
+        with pytest.raises(GenerationError, match="draft_length"):
+            generate(model, drafter, torch.tensor([[1, 2]]), max_new_tokens=4, draft_length=bad)
+
+
+def test_auto_draft_length_backs_off_a_drafter_that_never_agrees():
+    """A drafter whose drafts are always rejected soon costs plain target steps (k = 0), still lossless."""
+    model = tiny_target(vocab=16)
+    drafter = tiny_drafter(drafter_config(model, block_size=8))
+    with torch.no_grad():
+        model.model.norm.weight.zero_()  # target hidden 0: all logits tie, its argmax is always token 0
+        head = model.lm_head.weight
+        head.zero_()
+        head[1, 0], head[2, 0] = 10.0, -10.0  # the drafter's hidden (feature 0 only) picks 1 or 2, never 0
+        drafter.norm.weight.zero_()
+        drafter.norm.weight[0] = 1.0
+    calls = []
+    original = drafter.propose
+    drafter.propose = lambda *args: calls.append(args[-1]) or original(*args)  # records k, drafts as before
+    full = generate(model, drafter, torch.tensor([[3, 5, 7]]), max_new_tokens=60, draft_length=7)
+    assert calls[:50] == [7] * 50 and all(a == 1 for a in full.acceptance_lengths[0])  # never right
+    calls.clear()
+    # a machine where a drafter pass costs half a target step (the tiny models' own timings are noise)
+    policy = DraftLengthPolicy(VerifyCostTable(seconds=tuple(1.0 + 0.05 * q for q in range(8)), draft_s=0.5), 8)
+    auto = generate(model, drafter, torch.tensor([[3, 5, 7]]), max_new_tokens=60, draft_length=policy)
+    assert auto.tokens == full.tokens and auto.tokens[0] == target_greedy(model, [3, 5, 7], 60) == [0] * 60
+    # after a few tries the policy stops drafting; only its exploration steps (2, 4, 8, ... apart) draft
+    assert len(auto.acceptance_lengths[0]) == 59 and len(calls) <= 12, calls

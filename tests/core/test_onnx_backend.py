@@ -27,8 +27,11 @@ def test_greedy_equals_target_and_torch_drafter(exported):
     assert onnx_drafter.config == drafter.config
     ids = torch.tensor([[1, 2, 3, 4, 5], [6, 5, 1, 0, 0], [2, 0, 0, 0, 0]])
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
-    via_onnx = generate(model, onnx_drafter, ids, attention_mask=mask, max_new_tokens=40, stop_token_ids=[7])
-    via_torch = generate(model, drafter, ids, attention_mask=mask, max_new_tokens=40, stop_token_ids=[7])
+    k = drafter.config.block_size - 1  # fixed, so both backends verify the same drafts
+    via_onnx = generate(model, onnx_drafter, ids, attention_mask=mask, max_new_tokens=40, stop_token_ids=[7],
+                        draft_length=k)
+    via_torch = generate(model, drafter, ids, attention_mask=mask, max_new_tokens=40, stop_token_ids=[7],
+                         draft_length=k)
     assert via_onnx.tokens == via_torch.tokens
     assert via_onnx.acceptance_lengths == via_torch.acceptance_lengths
     assert max(a for row in via_onnx.acceptance_lengths for a in row) > 1

@@ -82,10 +82,11 @@ def pair():
     return model, drafter
 
 
-def speculative_samples(model, drafter, temperature, top_k, top_p, seed=0):
+def speculative_samples(model, drafter, temperature, top_k, top_p, seed=0, draft_length=None):
     ids = torch.tensor([PROMPT] * SAMPLES)
+    k = drafter.config.block_size - 1 if draft_length is None else draft_length
     result = generate(model, drafter, ids, max_new_tokens=STEPS, temperature=temperature, top_k=top_k,
-                      top_p=top_p, seed=seed)
+                      top_p=top_p, seed=seed, draft_length=k)
     return Counter(tuple(t) for t in result.tokens), result
 
 

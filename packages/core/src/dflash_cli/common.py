@@ -9,13 +9,19 @@ import torch
 
 from dflash_core.dtypes import SHORT_NAMES
 from dflash_core.errors import DFlashError, GenerationError
+from dflash_core.textfiles import read_text_file
+
+from . import flags
 
 
-def add_runtime_args(parser, *, default_dtype: str = "bf16") -> None:
-    parser.add_argument("--dtype", choices=SHORT_NAMES, default=default_dtype,
-                        help=f"precision of target and drafter (default {default_dtype})")
-    parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1, ...)")
-    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+def add_runtime_args(parser, *, default_dtype: str = "bf16", allow_auto: bool = False) -> None:
+    choices = (("auto",) if allow_auto else ()) + SHORT_NAMES
+    extra = "; auto: bf16 only where a measured probe finds it faster on this machine" if allow_auto else ""
+    parser.add_argument("--dtype", choices=choices, default=default_dtype,
+                        help=f"precision of target and drafter (default {default_dtype}{extra})")
+    parser.add_argument("--device", type=flags.device, default="cpu", help="torch device (cpu, cuda, cuda:1, ...)")
+    parser.add_argument("--threads", type=flags.integer(0), default=0,
+                        help="torch intra-op threads (0: torch's default)")
 
 
 def apply_threads(threads: int) -> None:
@@ -28,9 +34,10 @@ def apply_threads(threads: int) -> None:
 def read_prompt(text: str | None, file: str | None) -> str:
     if file is not None:
         path = Path(file)
-        if not path.exists() or path.is_dir():
-            raise GenerationError(f"--prompt-file {path} does not exist (expected a text file).")
-        text = path.read_text(encoding="utf-8")
+        if not path.is_file():
+            state = "is a directory" if path.is_dir() else "does not exist"
+            raise GenerationError(f"--prompt-file {path} {state}, expected a text file.")
+        text = read_text_file(path, "--prompt-file", GenerationError)
     if text is None or not text.strip():
         raise GenerationError("the prompt is empty: give a non-empty --prompt or --prompt-file.")
     return text
@@ -38,3 +45,23 @@ def read_prompt(text: str | None, file: str | None) -> str:
 
 def print_json(obj) -> None:
     print(json.dumps(obj, ensure_ascii=False))
+
+
+def add_draft_length_arg(parser) -> None:
+    parser.add_argument("--draft-length", type=_draft_length, default="auto", metavar="auto|N",
+                        help="drafts verified per step: auto (default) chooses each step from this machine's "
+                             "verify costs and the acceptance so far; N fixes it (0 = the target alone)")
+
+
+def _draft_length(text: str):
+    import argparse
+
+    if text == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"--draft-length is {text!r}, expected auto or an integer >= 0")
+    return value

@@ -5,11 +5,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from dflash_core.errors import DataError
+from dflash_core.fileio import guard_output
 from dflash_core.loading import load_target, load_tokenizer
-from dflash_core.training.data import (DataSettings, generate_responses, prompts_fingerprint, read_prompts,
-                                       target_fingerprint)
+from dflash_core.target_checks import read_target_config
+from dflash_core.training.data import (INDEX_FILE, DataSettings, generate_responses, load_or_start_index,
+                                       prompts_fingerprint, read_prompts, target_fingerprint)
 
+from . import flags
 from .common import add_runtime_args, apply_threads
 
 
@@ -18,27 +20,29 @@ def add_parser(commands) -> None:
     p.add_argument("--target", required=True, help="Hugging Face target model directory (with tokenizer)")
     p.add_argument("--prompts", required=True, help="JSONL file, one object per line with a 'prompt' string")
     p.add_argument("--out", required=True, type=Path, help="data directory (resumed if it exists)")
+    p.add_argument("--force", action="store_true", help="write into an --out that holds other files")
     p.add_argument("--responses", choices=["greedy", "sampled", "both"], default="greedy")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=1.0, help="temperature of sampled responses")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--shard-size", type=int, default=256, help="samples per shard")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=flags.integer(1), default=256)
+    p.add_argument("--temperature", type=flags.number(0.0), default=1.0, help="temperature of sampled responses")
+    p.add_argument("--batch-size", type=flags.integer(1), default=32)
+    p.add_argument("--shard-size", type=flags.integer(1), default=256, help="samples per shard")
+    p.add_argument("--seed", type=flags.seed, default=0)
     add_runtime_args(p)
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
     apply_threads(args.threads)
-    for name in ("max_new_tokens", "batch_size", "shard_size"):
-        if getattr(args, name) < 1:
-            raise DataError(f"--{name.replace('_', '-')} is {getattr(args, name)}, expected an integer >= 1.")
     prompts = read_prompts(args.prompts)
-    target = load_target(args.target, (), args.dtype, args.device)
-    tokenizer = load_tokenizer(args.target)
+    read_target_config(Path(args.target))
     settings = DataSettings(target=target_fingerprint(args.target), prompts=prompts_fingerprint(prompts), responses=args.responses,
                             max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                             shard_size=args.shard_size)
+    guard_output(args.out, [args.target, args.prompts], force=args.force,
+                 is_own_state=lambda out: (out / INDEX_FILE).is_file())
+    load_or_start_index(args.out, settings)  # a corrupt index or other settings: refused before the target loads
+    target = load_target(args.target, (), args.dtype, args.device)
+    tokenizer = load_tokenizer(args.target)
     index = generate_responses(target.model, tokenizer, prompts, args.out, settings, batch_size=args.batch_size)
     samples = sum(s["samples"] for s in index["shards"])
     tokens = sum(s["tokens"] for s in index["shards"])

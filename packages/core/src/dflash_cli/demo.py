@@ -9,21 +9,23 @@ from pathlib import Path
 
 from dflash_core.errors import DFlashError
 
-from .common import add_runtime_args, apply_threads
+from . import flags
+from .common import add_draft_length_arg, add_runtime_args, apply_threads
 
 
 def add_parser(commands) -> None:
     p = commands.add_parser("demo", help="stream a held-out completion with the bundled demo models")
     p.add_argument("--models", type=Path, default=None, help="demo models directory (target/, drafter/, heldout.jsonl)")
-    p.add_argument("--prompt-index", type=int, default=0, help="which held-out prompt to complete")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--summary-prompts", type=int, default=24,
+    p.add_argument("--prompt-index", type=flags.integer(0), default=0, help="which held-out prompt to complete")
+    p.add_argument("--max-new-tokens", type=flags.integer(1), default=256)
+    p.add_argument("--temperature", type=flags.number(0.0), default=0.0)
+    p.add_argument("--top-p", type=flags.top_p, default=1.0)
+    p.add_argument("--top-k", type=flags.integer(0), default=0)
+    p.add_argument("--seed", type=flags.seed, default=0)
+    p.add_argument("--summary-prompts", type=flags.integer(0), default=24,
                    help="also measure tau and speedup over the first N held-out prompts (0: skip)")
-    add_runtime_args(p)
+    add_draft_length_arg(p)
+    add_runtime_args(p, default_dtype="auto", allow_auto=True)
     p.set_defaults(run=run)
 
 
@@ -38,6 +40,6 @@ def run(args) -> int:
     request = DemoRequest(models=args.models or default_models_dir(), prompt_index=args.prompt_index,
                           max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                           top_k=args.top_k, seed=args.seed, summary_prompts=args.summary_prompts, dtype=args.dtype,
-                          device=args.device)
+                          device=args.device, draft_length=args.draft_length)
     run_demo(request)
     return 0

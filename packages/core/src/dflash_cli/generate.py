@@ -12,7 +12,8 @@ from dflash_core.sampling import SamplingParams
 from dflash_core.text_stream import TextStream
 from dflash_core.warmup import warm_up
 
-from .common import add_runtime_args, apply_threads, print_json, read_prompt
+from . import flags
+from .common import add_draft_length_arg, add_runtime_args, apply_threads, print_json, read_prompt
 
 
 def add_parser(commands) -> None:
@@ -24,17 +25,18 @@ def add_parser(commands) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="prompt text")
     source.add_argument("--prompt-file", help="file holding the prompt text")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=None, help="seed for sampling")
+    p.add_argument("--max-new-tokens", type=flags.integer(1), default=128)
+    p.add_argument("--temperature", type=flags.number(0.0), default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=flags.top_p, default=1.0)
+    p.add_argument("--top-k", type=flags.integer(0), default=0)
+    p.add_argument("--seed", type=flags.seed, default=None, help="seed for sampling")
     p.add_argument("--stream", action="store_true", help="print text as it is committed")
     p.add_argument("--compare-ar", action="store_true", help="also run the target alone; report speedup and match")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--drafter-backend", choices=["torch", "onnxruntime"], default="torch",
                    help="run the drafter in torch (default) or its exported ONNX graph with ONNX Runtime")
-    add_runtime_args(p)
+    add_draft_length_arg(p)
+    add_runtime_args(p, default_dtype="auto", allow_auto=True)
     p.set_defaults(run=run)
 
 
@@ -54,7 +56,7 @@ def run(args) -> int:
     printer = TextStream(pair.tokenizer) if args.stream and not args.json else None
     profile = DecodeProfile()
     stream = generate_stream(pair.target, pair.drafter, ids, max_new_tokens=args.max_new_tokens,
-                             stop_token_ids=stops, profile=profile, **sampling)
+                             stop_token_ids=stops, draft_length=args.draft_length, profile=profile, **sampling)
     for chunk in stream:
         if printer:
             printer.push(chunk[0])

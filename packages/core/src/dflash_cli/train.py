@@ -8,10 +8,12 @@ from pathlib import Path
 
 from dflash_core.dtypes import SHORT_NAMES
 from dflash_core.errors import ConfigError
+from dflash_core.fileio import guard_output
 from dflash_core.loading import load_target, load_tokenizer
 from dflash_core.training.data import read_prompts
 from dflash_core.training.recipe import TrainConfig
 
+from . import flags
 from .common import add_runtime_args, apply_threads
 
 
@@ -20,28 +22,33 @@ def add_parser(commands) -> None:
     p.add_argument("--target", required=True, help="Hugging Face target model directory (with tokenizer)")
     p.add_argument("--data", required=True, help="data directory made by `dflash data`")
     p.add_argument("--out", required=True, type=Path, help="drafter output (published format); resumes if present")
+    p.add_argument("--force", action="store_true",
+                   help="write into an --out that holds other files (a drafter there is replaced)")
     d = TrainConfig()
-    p.add_argument("--layers", type=int, default=d.draft_layers, help="draft layers")
-    p.add_argument("--block-size", type=int, default=d.block_size)
+    p.add_argument("--layers", type=flags.integer(1), default=d.draft_layers, help="draft layers")
+    p.add_argument("--block-size", type=flags.integer(2), default=d.block_size)
     p.add_argument("--target-layer-ids", default=None, help="comma-separated target layers (default: reference spacing)")
-    p.add_argument("--anchors", type=int, default=d.anchors, help="anchor blocks per sequence")
-    p.add_argument("--gamma", type=float, default=None, help="loss decay (default: published value for the block)")
-    p.add_argument("--lr", type=float, default=d.learning_rate)
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
-    p.add_argument("--warmup-ratio", type=float, default=d.warmup_ratio)
-    p.add_argument("--epochs", type=float, default=d.epochs)
-    p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per micro-batch per process")
-    p.add_argument("--grad-accum", type=int, default=d.grad_accum)
-    p.add_argument("--clip", type=float, default=d.grad_clip)
-    p.add_argument("--max-length", type=int, default=d.max_length)
+    p.add_argument("--anchors", type=flags.integer(1), default=d.anchors, help="anchor blocks per sequence")
+    p.add_argument("--gamma", type=flags.number(above=0.0), default=None,
+                   help="loss decay (default: published value for the block)")
+    p.add_argument("--lr", type=flags.number(above=0.0), default=d.learning_rate)
+    p.add_argument("--weight-decay", type=flags.number(0.0), default=d.weight_decay)
+    p.add_argument("--warmup-ratio", type=flags.number(0.0, 1.0, at_most=False), default=d.warmup_ratio)
+    p.add_argument("--epochs", type=flags.number(above=0.0), default=d.epochs)
+    p.add_argument("--max-steps", type=flags.integer(1), default=None)
+    p.add_argument("--batch-size", type=flags.integer(1), default=d.batch_size,
+                   help="sequences per micro-batch per process")
+    p.add_argument("--grad-accum", type=flags.integer(1), default=d.grad_accum)
+    p.add_argument("--clip", type=flags.number(above=0.0), default=d.grad_clip)
+    p.add_argument("--max-length", type=flags.integer(3), default=d.max_length)
     p.add_argument("--no-bf16", action="store_true", help="train without bf16 autocast")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--checkpoint-every", type=int, default=100)
+    p.add_argument("--seed", type=flags.seed, default=d.seed)
+    p.add_argument("--checkpoint-every", type=flags.integer(1), default=100)
     p.add_argument("--eval-prompts", default=None, help="JSONL held-out prompts for periodic tau")
-    p.add_argument("--eval-count", type=int, default=8, help="held-out prompts used per evaluation")
-    p.add_argument("--eval-every", type=int, default=0, help="evaluate tau every N steps (0: only at the end)")
-    p.add_argument("--eval-max-new-tokens", type=int, default=64)
+    p.add_argument("--eval-count", type=flags.integer(1), default=8, help="held-out prompts used per evaluation")
+    p.add_argument("--eval-every", type=flags.integer(0), default=0,
+                   help="evaluate tau every N steps (0: only at the end)")
+    p.add_argument("--eval-max-new-tokens", type=flags.integer(1), default=64)
     p.add_argument("--save-dtype", choices=SHORT_NAMES, default="bf16")
     p.add_argument("--no-progress", action="store_true")
     add_runtime_args(p)
@@ -58,7 +65,7 @@ def _layer_ids(text: str | None):
 
 
 def run(args) -> int:
-    from dflash_core.training.trainer import RunOptions, Trainer, init_distributed, load_data
+    from dflash_core.training.trainer import STATE_DIR, RunOptions, Trainer, init_distributed, load_data
 
     apply_threads(args.threads)
     train = TrainConfig(draft_layers=args.layers, block_size=args.block_size, target_layer_ids=_layer_ids(
@@ -66,9 +73,12 @@ def run(args) -> int:
         weight_decay=args.weight_decay, warmup_ratio=args.warmup_ratio, epochs=args.epochs, max_steps=args.max_steps,
         batch_size=args.batch_size, grad_accum=args.grad_accum, grad_clip=args.clip, max_length=args.max_length,
         bf16=not args.no_bf16, seed=args.seed)
+    eval_prompts = read_prompts(args.eval_prompts)[: args.eval_count] if args.eval_prompts else []
+    inputs = [args.target, args.data] + ([args.eval_prompts] if args.eval_prompts else [])
+    # resumable state is OUT/train_state; a published drafter without it is someone's work, kept unless --force
+    guard_output(args.out, inputs, force=args.force, is_own_state=lambda out: (out / STATE_DIR).is_dir())
     place = init_distributed(args.device)
     data = load_data(args.data)
-    eval_prompts = read_prompts(args.eval_prompts)[: args.eval_count] if args.eval_prompts else []
     dtype = "fp32" if args.no_bf16 else args.dtype
     target = load_target(args.target, (), dtype, str(place.device))
     options = RunOptions(out=args.out, checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,

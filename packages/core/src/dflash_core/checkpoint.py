@@ -23,8 +23,11 @@ from .fileio import atomic_path, write_json
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 _HEADER_LIMIT = 100 * 1024 * 1024
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-                "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4,
+                "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "C64": 8}
+# the precisions a drafter's (and an unquantised target's) weights may be stored in
+WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+HEADER_WEIGHT_DTYPES = ("F32", "BF16", "F16")
 
 
 def drafter_tensor_shapes(config: DFlashConfig) -> dict[str, tuple[int, ...]]:
@@ -164,7 +167,26 @@ def check_drafter_tensors(
             f"{source} holds unexpected tensor '{unexpected[0]}' (a DFlash drafter has no embedding, lm_head "
             "or other extra weights)."
         )
-    return named
+    return check_weight_values(named, source)
+
+
+def check_weight_values(tensors: Mapping[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
+    """Weights are fp32, bf16 or fp16 and finite: an int, fp8 or NaN drafter would decode garbage silently."""
+    for name, tensor in tensors.items():
+        if tensor.dtype not in WEIGHT_DTYPES:
+            raise CheckpointError(f"{source}: tensor '{name}' has dtype {str(tensor.dtype).removeprefix('torch.')}, "
+                                  "expected float32, bfloat16 or float16.")
+        if not all_finite(tensor):
+            raise CheckpointError(f"{source}: tensor '{name}' holds NaN or infinite values, expected finite weights.")
+    return dict(tensors)
+
+
+def all_finite(tensor: torch.Tensor) -> bool:
+    """No NaN or inf: NaN propagates through min/max, so one vectorised aminmax pass decides (~25x isfinite on CPU)."""
+    if tensor.numel() == 0:
+        return True
+    low, high = torch.aminmax(tensor.detach())
+    return bool(torch.isfinite(low) & torch.isfinite(high))
 
 
 def save_tensors(

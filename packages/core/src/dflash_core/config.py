@@ -23,6 +23,9 @@ CONFIG_FILE = "config.json"
 LAYER_TYPES = ("full_attention", "sliding_attention")
 # rope types whose frequencies do not depend on the sequence length (so one graph serves all lengths)
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# the parameters each scaled rope type needs (Hugging Face's initialisers read them), all positive numbers
+ROPE_REQUIRED = {"linear": ("factor",), "yarn": ("factor",),
+                 "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
 
 # Keys this module interprets; everything else in config.json lands in `extra`.
 _DFLASH_KEYS = ("block_size", "num_target_layers", "target_layer_ids", "mask_token_id")
@@ -207,6 +210,13 @@ def _int(raw: Mapping[str, Any], key: str, source: str, default: Any = ...) -> A
     return value
 
 
+def _number(raw: Mapping[str, Any], key: str, source: str, default: float) -> float:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{source}: field '{key}' is {value!r}, expected a number.")
+    return float(value)
+
+
 def _rope(raw: Mapping[str, Any], source: str) -> tuple[float, dict | None]:
     params = raw.get("rope_parameters")
     if isinstance(params, dict) and "rope_theta" in params:
@@ -214,7 +224,10 @@ def _rope(raw: Mapping[str, Any], source: str) -> tuple[float, dict | None]:
         scaling = {k: v for k, v in params.items() if k != "rope_theta"}
     else:
         theta = raw.get("rope_theta", 1_000_000.0)
-        scaling = dict(raw["rope_scaling"]) if isinstance(raw.get("rope_scaling"), dict) else None
+        scaling = raw.get("rope_scaling")
+        if scaling is not None and not isinstance(scaling, dict):
+            raise ConfigError(f"{source}: field 'rope_scaling' is {scaling!r}, expected an object or null.")
+        scaling = dict(scaling) if scaling is not None else None
     if scaling is not None:
         kind = scaling.get("rope_type", scaling.get("type", "default"))
         scaling = {k: v for k, v in scaling.items() if k != "type"} | {"rope_type": kind}
@@ -259,6 +272,9 @@ def _parse(raw: Mapping[str, Any], source: str) -> DFlashConfig:
     theta, scaling = _rope(merged, source)
     dtype = merged.get("dtype") or merged.get("torch_dtype") or "bfloat16"
     layer_types = merged.get("layer_types")
+    if layer_types is not None and not isinstance(layer_types, (list, tuple)):
+        raise ConfigError(f"{source}: field 'layer_types' is {layer_types!r}, expected a list with one entry per "
+                          "draft layer.")
     consumed = {f.name for f in fields(DFlashConfig)} | set(_ROPE_KEYS) | set(_ALWAYS_WRITTEN)
     extra = {k: v for k, v in raw.items() if k not in consumed}
     leftover = {k: v for k, v in dflash.items() if k not in _DFLASH_KEYS}
@@ -277,18 +293,18 @@ def _parse(raw: Mapping[str, Any], source: str) -> DFlashConfig:
             num_target_layers=num_target_layers,
             target_layer_ids=tuple(ids),
             mask_token_id=_int(merged, "mask_token_id", source),
-            rms_norm_eps=float(merged.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=_number(merged, "rms_norm_eps", source, 1e-6),
             rope_theta=theta,
             rope_scaling=scaling,
             max_position_embeddings=_int(merged, "max_position_embeddings", source, 40960),
             hidden_act=str(merged.get("hidden_act", "silu")),
-            layer_types=tuple(layer_types) if isinstance(layer_types, (list, tuple)) else layer_types,
+            layer_types=tuple(layer_types) if layer_types is not None else None,
             sliding_window=_int(merged, "sliding_window", source, None),
             dtype=str(dtype),
             extra=extra,
         )
-    except ConfigError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
+    except ConfigError as exc:  # field checks of the dataclass do not know the file; _int's messages do
+        raise ConfigError(str(exc) if str(exc).startswith(f"{source}:") else f"{source}: {exc}") from None
 
 
 # ---- validation ------------------------------------------------------------------------------
@@ -302,6 +318,9 @@ def _validate(c: DFlashConfig) -> None:
             raise ConfigError(f"field '{name}' is {value!r}, expected a positive integer.")
     if isinstance(c.block_size, bool) or not isinstance(c.block_size, int) or c.block_size < 2:
         raise ConfigError(f"field 'block_size' is {c.block_size!r}, expected an integer >= 2.")
+    if c.block_size > c.max_position_embeddings:
+        raise ConfigError(f"field 'block_size' is {c.block_size}, expected at most max_position_embeddings "
+                          f"({c.max_position_embeddings}): a block must fit in the drafter's positions.")
     if c.num_attention_heads % c.num_key_value_heads:
         raise ConfigError(
             f"field 'num_key_value_heads' is {c.num_key_value_heads}, expected a divisor of "
@@ -338,16 +357,25 @@ def _validate(c: DFlashConfig) -> None:
         raise ConfigError(f"field 'rms_norm_eps' is {c.rms_norm_eps!r}, expected a positive number.")
     if not (c.rope_theta > 0 and math.isfinite(c.rope_theta)):
         raise ConfigError(f"field 'rope_theta' is {c.rope_theta!r}, expected a positive number.")
-    if c.rope_scaling is not None and c.rope_scaling.get("rope_type") not in STATIC_ROPE_TYPES:
-        raise ConfigError(
-            f"field 'rope_scaling' has rope_type {c.rope_scaling.get('rope_type')!r}, expected one of "
-            f"{', '.join(STATIC_ROPE_TYPES)}."
-        )
+    _validate_rope_scaling(c.rope_scaling)
     if c.hidden_act != "silu":
         raise ConfigError(f"field 'hidden_act' is {c.hidden_act!r}, expected 'silu'.")
     if c.dtype not in CONFIG_NAMES:
         raise ConfigError(f"field 'dtype' is {c.dtype!r}, expected one of {', '.join(CONFIG_NAMES)}.")
     _validate_layer_types(c)
+
+
+def _validate_rope_scaling(scaling: Mapping[str, Any] | None) -> None:
+    if scaling is None:
+        return
+    kind = scaling.get("rope_type")
+    if kind not in STATIC_ROPE_TYPES:
+        raise ConfigError(f"field 'rope_scaling' has rope_type {kind!r}, expected one of {', '.join(STATIC_ROPE_TYPES)}.")
+    for key in ROPE_REQUIRED.get(kind, ()):
+        value = scaling.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
+            raise ConfigError(f"field 'rope_scaling' ({kind}) has {key} {value!r}, expected a positive number "
+                              f"(a {kind} rope_scaling needs {', '.join(ROPE_REQUIRED[kind])}).")
 
 
 def _validate_layer_types(c: DFlashConfig) -> None:

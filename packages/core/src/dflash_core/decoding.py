@@ -1,11 +1,14 @@
 """The lossless DFlash decode loop: the reference every engine adapter is checked against.
 
 One step, for every active row:
+  0. choose  k, the drafts to verify (0..B-1): `DraftLengthPolicy` weighs this machine's cost of
+             verifying k+1 tokens against the acceptance seen so far; k = 0 is a plain target step.
   1. draft   the block [last token, MASK x (B-1)] in ONE drafter pass over the cached context;
-             the draft tokens are the argmax of the target's LM head at block positions 1..B-1.
-  2. verify  [last token, d_1 .. d_{B-1}] in ONE target pass; at each position i the target
+             the draft tokens are the argmax of the target's LM head at block positions 1..k.
+  2. verify  [last token, d_1 .. d_k] in ONE target pass; at each position i the target
              chooses y_i (argmax, or a sample from its warped distribution).
   3. accept  the longest prefix with d_{i+1} == y_i, then y_a itself (a = accepted drafts).
+Whatever k is, every committed token is the target's own choice, so k changes speed, never output.
 Greedy: y is the target's argmax, so the output equals the target's greedy decoding.
 Sampling: y_i ~ p(. | prefix, d_1..d_i) and d_{i+1} is kept only when it equals y_i, which is
 exact rejection sampling against a one-hot draft: every committed token is a draw from the
@@ -19,7 +22,9 @@ from typing import Iterator, Sequence
 
 import torch
 
+from .draft_length import DraftLengthPolicy, cost_table_for
 from .drafter_backend import DrafterBackend
+from .errors import GenerationError
 from .pairing import check_compatibility
 from .profiling import DecodeProfile, PhaseClock
 from .request_checks import check_request, split_prompts
@@ -89,14 +94,19 @@ class DecodeStream:
 def generate(target, drafter: DrafterBackend, input_ids: torch.Tensor, *, max_new_tokens: int,
              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
              stop_token_ids: Sequence[int] | None = None, attention_mask: torch.Tensor | None = None,
-             seed: int | None = None, profile: DecodeProfile | None = None) -> GenerationResult:
+             seed: int | None = None, draft_length: int | str | DraftLengthPolicy = "auto",
+             profile: DecodeProfile | None = None) -> GenerationResult:
     """Speculatively decode `input_ids` [B, T] with `drafter`; output is exactly the target's.
 
+    `draft_length`: drafts verified per step; "auto" (default) lets `DraftLengthPolicy` choose k in
+    0..B-1 each step from this machine's cost table and the acceptance seen so far (k = 0 is a plain
+    target step); an int fixes it; a `DraftLengthPolicy` of your own (e.g. over another cost table)
+    is used as is. Any choice is lossless.
     `profile`: a `DecodeProfile` to fill with per-phase timings (off by default: no clocks, no syncs).
     """
     stream = generate_stream(target, drafter, input_ids, max_new_tokens=max_new_tokens, temperature=temperature,
                              top_p=top_p, top_k=top_k, stop_token_ids=stop_token_ids,
-                             attention_mask=attention_mask, seed=seed, profile=profile)
+                             attention_mask=attention_mask, seed=seed, draft_length=draft_length, profile=profile)
     for _ in stream:
         pass
     return stream.result
@@ -105,7 +115,8 @@ def generate(target, drafter: DrafterBackend, input_ids: torch.Tensor, *, max_ne
 def generate_stream(target, drafter: DrafterBackend, input_ids: torch.Tensor, *, max_new_tokens: int,
                     temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                     stop_token_ids: Sequence[int] | None = None, attention_mask: torch.Tensor | None = None,
-                    seed: int | None = None, profile: DecodeProfile | None = None) -> DecodeStream:
+                    seed: int | None = None, draft_length: int | str | DraftLengthPolicy = "auto",
+                    profile: DecodeProfile | None = None) -> DecodeStream:
     """Like `generate`, yielding each step's committed tokens as they are accepted.
 
     Arguments are validated here, before the first step runs.
@@ -115,8 +126,25 @@ def generate_stream(target, drafter: DrafterBackend, input_ids: torch.Tensor, *,
     prompts = split_prompts(input_ids, attention_mask)
     check_request(target, prompts, max_new_tokens)
     generator = make_generator(params, seed, target.device)
+    policy = _draft_length_policy(draft_length, target, drafter)
     return DecodeStream(_Decoder(target, drafter, prompts, max_new_tokens, params, frozenset(stop_token_ids or ()),
-                                 generator, profile))
+                                 generator, policy, profile))
+
+
+def _draft_length_policy(draft_length: int | str | DraftLengthPolicy, target: TargetModel, drafter: DrafterBackend):
+    """A DraftLengthPolicy for "auto" (or the caller's own policy), else the fixed k, checked against the block."""
+    block = drafter.config.block_size
+    if isinstance(draft_length, DraftLengthPolicy):
+        if draft_length.block_size != block:
+            raise GenerationError(f"the draft-length policy is for blocks of {draft_length.block_size}, "
+                                  f"the drafter's block is {block}.")
+        return draft_length
+    if draft_length == "auto":
+        return DraftLengthPolicy(cost_table_for(target, drafter), block)
+    if isinstance(draft_length, bool) or not isinstance(draft_length, int) or not 0 <= draft_length < block:
+        raise GenerationError(f"draft_length is {draft_length!r}, expected 'auto' or an integer in [0, {block - 1}] "
+                              f"(the drafter's block is {block}).")
+    return draft_length
 
 
 def as_target(target, drafter: DrafterBackend) -> TargetModel:
@@ -146,11 +174,11 @@ class _Decoder:
 
     def __init__(self, target: TargetModel, drafter: DrafterBackend, prompts: list[list[int]], max_new_tokens: int,
                  params: SamplingParams, stops: frozenset[int], generator: torch.Generator | None,
-                 profile: DecodeProfile | None) -> None:
+                 policy: DraftLengthPolicy | int, profile: DecodeProfile | None) -> None:
         self.target, self.drafter, self.params, self.stops = target, drafter, params, stops
         self.prompts, self.max_new_tokens = prompts, max_new_tokens
         self.device = target.device
-        self.generator, self.profile = generator, profile
+        self.generator, self.profile, self.policy = generator, profile, policy
         self.clock = PhaseClock(profile, self.device)
         batch = len(prompts)
         self.block = drafter.config.block_size
@@ -162,6 +190,7 @@ class _Decoder:
         self.offsets = torch.arange(self.block, device=self.device)
         self.masks = torch.full((1, self.block - 1), drafter.config.mask_token_id, dtype=torch.long,
                                 device=self.device)
+        self.no_drafts = torch.zeros((batch, 0), dtype=torch.long, device=self.device)
 
     def prefill(self) -> list[list[int]]:
         """Run the prompts (right-padded) through the target; fill both caches; commit the first tokens."""
@@ -181,22 +210,26 @@ class _Decoder:
         return emitted
 
     def step(self) -> list[list[int]]:
-        """Draft one block per row, verify it in one target pass, commit what the target agrees with."""
-        clock = self.clock
+        """Draft one block per row, verify its first k drafts in one target pass, commit what the target agrees with."""
+        clock, rows = self.clock, self.rows
+        k = self._draft_length()
         clock.start()
-        positions = torch.tensor(self.tcache.lengths, device=self.device)[:, None] + self.offsets  # [B, Q]
-        drafts = self._draft(positions)  # [B, Q-1]
+        positions = torch.tensor(self.tcache.lengths, device=self.device)[:, None] + self.offsets[: k + 1]  # [B, k+1]
+        drafts = self._draft(k) if k else self.no_drafts[: len(rows.ids)]  # [B, k]
         clock.charge("draft_s")
-        verify_ids = torch.cat([self.rows.last[:, None], drafts], dim=1)
+        verify_ids = torch.cat([rows.last[:, None], drafts], dim=1)
         out = self.target(verify_ids, positions, self.tcache.cache, self.tcache.attention_mask(self.target, positions))
-        chosen = choose_tokens(self.target.logits(out.hidden), self.params, self.generator)  # y_i, [B, Q]
+        chosen = choose_tokens(self.target.logits(out.hidden), self.params, self.generator)  # y_i, [B, k+1]
         clock.charge("verify_s")
         # a = length of the longest prefix with d_{i+1} == y_i; then y_a is the target's own next token
         accepted = (drafts == chosen[:, :-1]).cumprod(dim=1).sum(dim=1)  # [B]
         bonus = chosen.gather(1, accepted[:, None])[:, 0]  # [B]
         host = torch.cat([accepted[:, None], bonus[:, None], drafts], dim=1).tolist()  # one device sync
         counts = [h[0] + 1 for h in host]  # block positions the target has now verified, per row
-        self.tcache.commit(self.block, counts)
+        self.tcache.commit(k + 1, counts)
+        if isinstance(self.policy, DraftLengthPolicy):
+            for h in host:
+                self.policy.observe(k, h[0])
         keep = max(counts)
         clock.start()
         # KV injection of the accepted tokens: drafter work, timed as drafting
@@ -204,12 +237,19 @@ class _Decoder:
         clock.charge("draft_s")
         if self.profile is not None:
             self.profile.steps += 1
-        self.rows.last = bonus
+        rows.last = bonus
         return self._emit([h[2 : 2 + h[0]] + [h[1]] for h in host], verified=True)
 
-    def _draft(self, positions: torch.Tensor) -> torch.Tensor:
+    def _draft_length(self) -> int:
+        """k for this step: the policy's choice (or the fixed one), never more than a row can still emit."""
+        k = self.policy.choose(len(self.rows.ids)) if isinstance(self.policy, DraftLengthPolicy) else self.policy
+        return min(k, max(self.rows.remaining) - 1)
+
+    def _draft(self, k: int) -> torch.Tensor:
+        """The drafter's first k drafts [B, k]: the whole block [last, MASK x (B-1)] is drafted at once."""
+        positions = torch.tensor(self.tcache.lengths, device=self.device)[:, None] + self.offsets  # [B, Q]
         block_ids = torch.cat([self.rows.last[:, None], self.masks.expand(len(self.rows.ids), -1)], dim=1)
-        return self.drafter.propose(self.dcache, self.target.embed(block_ids), positions, self.target.logits)
+        return self.drafter.propose(self.dcache, self.target.embed(block_ids), positions, self.target.logits, k)
 
     def _emit(self, new_tokens: list[list[int]], verified: bool) -> list[list[int]]:
         """Record each active row's committed tokens; retire rows that stopped or hit the limit."""

@@ -1,12 +1,16 @@
 """Cost-aware draft length: verify only as many drafts as pay for their verify time.
 
 Cost model (one decode step; B = block size; k = drafts verified, 0 <= k <= B-1):
-  T(k) = [k > 0] * draft_s + verify(k + 1)       seconds; k = 0 is a plain target step, no drafter pass
+  T(k) = [k > 0] * (draft_s + k * head_s) + verify(k + 1)
+                                                 seconds; k = 0 is a plain target step, no drafter pass
   E(k) = 1 + sum_{j=1..k} prod_{i=1..j} p_i      expected committed tokens (the target's own token is 1)
   p_i  = P(draft i accepted | drafts 1..i-1 accepted), estimated from this request's steps
   k*   = argmax_k E(k) / T(k)                    committed tokens per second
-`verify(q)` (a target forward over q new tokens, logits and argmax included) and `draft_s` (one
-drafter pass) come from a `VerifyCostTable` measured once on the machine. A batch of r rows
+`verify(q)` (a target forward over q new tokens, logits and argmax included), `draft_s` (one
+drafter pass over the block) and `head_s` (the target's LM head over one more draft position: the
+drafter reads out only the k drafts that will be verified, and for a small model with a large
+vocabulary that head is most of the drafting cost) come from a `VerifyCostTable` measured once on
+the machine. A batch of r rows
 verifying k+1 tokens each is costed as one forward over r*(k+1) tokens (the table extended
 linearly past B), the drafter pass scaled the same way.
 
@@ -23,9 +27,12 @@ to draft on its own, so a drafter that starts accepting again is noticed within 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -43,13 +50,17 @@ class VerifyCostTable:
     seconds: tuple[float, ...]
     """seconds[q-1]: a target forward over q new tokens (q = 1..B), logits and argmax included; > 0."""
     draft_s: float
-    """One drafter pass over a block of B positions; >= 0."""
+    """One drafter pass over a block of B positions, without the LM head; >= 0."""
+    head_s: float = 0.0
+    """The target's LM head + argmax over one more draft position (drafts are read only for k positions)."""
 
     def __post_init__(self) -> None:
         if not self.seconds or not all(math.isfinite(s) and s > 0 for s in self.seconds):
             raise ValueError(f"verify cost table needs one positive time per block position, got {self.seconds}")
         if not (math.isfinite(self.draft_s) and self.draft_s >= 0):
             raise ValueError(f"drafter pass time must be >= 0 seconds, got {self.draft_s}")
+        if not (math.isfinite(self.head_s) and self.head_s >= 0):
+            raise ValueError(f"per-draft LM-head time must be >= 0 seconds, got {self.head_s}")
 
     @property
     def block_size(self) -> int:
@@ -75,19 +86,21 @@ class VerifyCostTable:
         verify = self.verify(rows * (k + 1))
         if k == 0:
             return verify
-        return self.draft_s * self.verify(rows * self.block_size) / self.seconds[-1] + verify
+        scale = self.verify(rows * self.block_size) / self.seconds[-1]  # a batch's pass ~ a wider forward
+        return (self.draft_s + k * self.head_s) * scale + verify
 
     def relative(self) -> tuple[float, ...]:
         """Verify times as multiples of the one-token forward (1.0 first): the shape of the table."""
         return tuple(s / self.seconds[0] for s in self.seconds)
 
     def to_dict(self) -> dict:
-        return {"seconds": list(self.seconds), "draft_s": self.draft_s}
+        return {"seconds": list(self.seconds), "draft_s": self.draft_s, "head_s": self.head_s}
 
     @classmethod
     def from_dict(cls, data: dict) -> "VerifyCostTable":
         try:
-            return cls(seconds=tuple(float(s) for s in data["seconds"]), draft_s=float(data["draft_s"]))
+            return cls(seconds=tuple(float(s) for s in data["seconds"]), draft_s=float(data["draft_s"]),
+                       head_s=float(data.get("head_s", 0.0)))
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"not a verify cost table ({error}): expected {{'seconds': [...], 'draft_s': x}}") \
                 from None
@@ -116,8 +129,10 @@ def measure_cost_table(target, drafter, block_size: int, *, context: int = 64, r
     seconds = [_time_verify(target, ids, positions, context, q, repeats) for q in range(1, block_size + 1)]
     for q in range(block_size - 2, -1, -1):  # more tokens never cost less: a spike at q is noise
         seconds[q] = min(seconds[q], seconds[q + 1])
-    draft_s = _time_draft(target, drafter, ids, positions, context, block_size, repeats)
-    return VerifyCostTable(seconds=tuple(seconds), draft_s=draft_s)
+    full = _time_draft(target, drafter, ids, positions, context, block_size, repeats, block_size - 1)
+    one = _time_draft(target, drafter, ids, positions, context, block_size, repeats, 1)
+    head_s = max(0.0, (full - one) / (block_size - 2)) if block_size > 2 else 0.0
+    return VerifyCostTable(seconds=tuple(seconds), draft_s=max(0.0, one - head_s), head_s=head_s)
 
 
 def _time_verify(target: TargetModel, ids: torch.Tensor, positions: torch.Tensor, context: int, q: int,
@@ -138,7 +153,7 @@ def _time_verify(target: TargetModel, ids: torch.Tensor, positions: torch.Tensor
 
 
 def _time_draft(target: TargetModel, drafter, ids: torch.Tensor, positions: torch.Tensor, context: int,
-                block_size: int, repeats: int) -> float:
+                block_size: int, repeats: int, num_drafts: int) -> float:
     out = target(ids[:, :context], positions[:, :context], DynamicCache())
     dcache = drafter.new_cache(1, context + block_size)
     drafter.extend_cache(dcache, out.features, positions[:, :context], [context])
@@ -147,7 +162,7 @@ def _time_draft(target: TargetModel, drafter, ids: torch.Tensor, positions: torc
     times = []
     for i in range(repeats + 1):
         started = time.perf_counter()
-        drafter.propose(dcache, noise, positions[:, context:], target.logits)  # [1, B-1] draft tokens
+        drafter.propose(dcache, noise, positions[:, context:], target.logits, num_drafts)  # [1, num_drafts]
         _sync(target.device)
         if i:
             times.append(time.perf_counter() - started)
@@ -254,3 +269,35 @@ class DraftLengthPolicy:
             if rate > best_rate:
                 best, best_rate = j, rate
         return best
+
+
+# ---- the table for a pair, measured once per machine ----------------------------------------------
+COST_FILE = "cost_tables.json"
+_MEASURED: dict[tuple, VerifyCostTable] = {}
+
+
+def cost_table_for(target: TargetModel, drafter, *, cache_dir=None) -> VerifyCostTable:
+    """The pair's cost table: from this process, else the user's cache directory, else measured now.
+
+    Keyed by machine (CPU and ISA flags or GPU, torch, threads), target config, dtype, device and
+    the drafter's config and backend. A few seconds on the demo pair the first time.
+    """
+    from .auto_dtype import default_cache_dir, machine_key, model_key, read_cache, write_cache
+    from .dtypes import short_name
+
+    block = drafter.config.block_size
+    drafter_hash = hashlib.sha256(json.dumps(drafter.config.to_dict(), sort_keys=True, default=str).encode())
+    key = (f"{machine_key(target.device)}|model={model_key(target.model, block)[:16]}|dtype={short_name(target.dtype)}"
+           f"|device={target.device}|drafter={drafter_hash.hexdigest()[:16]}|backend={type(drafter).__name__}")
+    if key in _MEASURED:
+        return _MEASURED[key]
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    stored = read_cache(cache_dir, COST_FILE)
+    try:
+        table = VerifyCostTable.from_dict(stored[key])
+    except (KeyError, ValueError, TypeError, AttributeError):
+        table = measure_cost_table(target, drafter, block)
+        stored[key] = table.to_dict()
+        write_cache(cache_dir, stored, COST_FILE)
+    _MEASURED[key] = table
+    return table

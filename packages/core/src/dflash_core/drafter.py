@@ -180,10 +180,12 @@ class Drafter(nn.Module):
         return graph.draft_forward(self.weights(), self.dims, noise_embedding, block_positions, ctx_k, ctx_v, masks)
 
     def propose(self, cache: DraftKVCache, noise_embedding: torch.Tensor, block_positions: torch.Tensor,
-                lm_head) -> torch.Tensor:
-        """Draft tokens [B, Q-1]: argmax of the target's `lm_head` at block positions 1..Q-1."""
+                lm_head, num_drafts: int | None = None) -> torch.Tensor:
+        """Draft tokens [B, k]: argmax of the target's `lm_head` at block positions 1..k (k = num_drafts,
+        default Q-1). The whole block is drafted either way; only the read-out is limited to k."""
         hidden = self.draft_with_cache(cache, noise_embedding, block_positions)
-        return greedy_tokens(lm_head(hidden[:, 1:]))
+        end = hidden.shape[1] if num_drafts is None else 1 + num_drafts
+        return greedy_tokens(lm_head(hidden[:, 1:end]))
 
     def check_runtime(self, target) -> None:
         """The target feeds embeddings and features straight in: same precision, same device."""

@@ -40,5 +40,6 @@ class DrafterBackend(Protocol):
         row b keeps its first counts[b] of the n."""
 
     def propose(self, cache: DraftState, noise_embedding: torch.Tensor, block_positions: torch.Tensor,
-                lm_head: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """Draft tokens [B, Q-1] for the block embedded as noise_embedding [B, Q, H] at positions [B, Q]."""
+                lm_head: Callable[[torch.Tensor], torch.Tensor], num_drafts: int | None = None) -> torch.Tensor:
+        """Draft tokens [B, k] for the block embedded as noise_embedding [B, Q, H] at positions [B, Q]:
+        the first k = num_drafts (default Q-1) block positions after the anchor."""

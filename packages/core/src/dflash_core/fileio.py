@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -29,23 +30,47 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
+def _missing_parents(path: Path) -> list[Path]:
+    """The ancestors of `path` that do not exist yet, outermost first (a failed write removes them)."""
+    missing = []
+    for parent in path.parents:  # nearest first
+        if os.path.lexists(parent):
+            break
+        missing.append(parent)
+    return missing[::-1]
+
+
+def _remove_created(parents: list[Path]) -> None:
+    """Remove the parent folders a failed write created, innermost first, if they are still empty."""
+    for parent in reversed(parents):
+        with contextlib.suppress(OSError):
+            parent.rmdir()
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary sibling path of `path`; on success it replaces `path`, on error it vanishes."""
+    """Yield a temporary sibling path of `path`; on success it replaces `path`.
+
+    On error (Ctrl-C included) it vanishes, with any parent folders created for it.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
+    created = _missing_parents(path)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
         yield Path(tmp)
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        if tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        _remove_created(created)
         raise
 
 
@@ -85,30 +110,66 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
         handle.write("\n")
 
 
+def _remove_now(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def _remove(path: Path) -> None:
+    """Delete a file, link or directory tree; a Ctrl-C during it first finishes the removal, then propagates."""
+    try:
+        _remove_now(path)
+    except BaseException:
+        _remove_now(path)
+        raise
+
+
+def _swap_in(tmp: Path, path: Path, overwrite: bool) -> None:
+    """Rename the finished `tmp` to `path`; an existing directory is moved aside and removed only after."""
+    if not os.path.lexists(path):
+        os.replace(tmp, path)
+        return
+    if not path.is_dir():
+        raise OutputError(f"{path} is an existing file, expected a directory; nothing was written.")
+    if not overwrite:
+        raise OutputError(f"{path} already exists; nothing was written.")
+    old = path.with_name(f".{path.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    os.replace(path, old)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        os.replace(old, path)  # put the previous output back
+        raise
+    _remove(old)
+
+
 @contextlib.contextmanager
 def atomic_directory(path: str | os.PathLike, *, overwrite: bool = False) -> Iterator[Path]:
     """Yield a temporary directory next to `path`; on success it is renamed to `path`.
 
-    With `overwrite`, an existing `path` is replaced only once the new one is complete.
+    With `overwrite`, an existing directory `path` is replaced only once the new one is complete; an
+    existing file is never replaced. On error (Ctrl-C included) nothing is left: no temporary
+    directory, no moved-aside old output, no parent folders created for `path`.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    os.chmod(tmp, 0o777 & ~_umask())
+    if os.path.lexists(path) and not path.is_dir():
+        raise OutputError(f"{path} is an existing file, expected a directory; nothing was written.")
+    created = _missing_parents(path)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+        os.chmod(tmp, 0o777 & ~_umask())
         yield tmp
-        if path.exists():
-            if not overwrite:
-                raise FileExistsError(f"{path} already exists")
-            old = path.with_name(f".{path.name}.old-{os.getpid()}")
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+        _swap_in(tmp, path, overwrite)
         _fsync_dir(path.parent)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            _remove(tmp)
+        _remove_created(created)
         raise
 
 
@@ -127,11 +188,16 @@ def guard_output(out: str | os.PathLike, inputs: list[str | os.PathLike], *, fla
     for given in inputs:
         source = Path(given).resolve()
         if resolved == source or source.is_relative_to(resolved) or resolved.is_relative_to(source):
-            relation = "is" if resolved == source else ("contains" if source.is_relative_to(resolved) else "lies inside")
-            raise OutputError(f"{flag} {out} {relation} the input {given}: inputs are never modified or deleted; "
+            relation = ("is the input" if resolved == source  # name the path once
+                        else f"contains the input {given}" if source.is_relative_to(resolved)
+                        else f"lies inside the input {given}")
+            raise OutputError(f"{flag} {out} {relation}: inputs are never modified or deleted; "
                               "choose another output location.")
     if out.exists() and not out.is_dir():
         raise OutputError(f"{flag} {out} is an existing file, expected a directory (new or this command's own).")
+    existing = next(parent for parent in resolved.parents if parent.exists())
+    if not existing.is_dir():
+        raise OutputError(f"{flag} {out} lies under {existing}, which is a file, not a directory.")
     if out.is_dir() and any(out.iterdir()) and not force and not (is_own_state and is_own_state(out)):
         raise OutputError(f"{flag} {out} already holds other files; pass --force to replace it, "
                           "or choose an empty or new directory.")

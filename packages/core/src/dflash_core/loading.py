@@ -12,41 +12,61 @@ from pathlib import Path
 
 import torch
 
+from .auto_dtype import resolve_auto_dtype
+from .config import DFlashConfig
 from .drafter import load_drafter
 from .drafter_backend import DrafterBackend
-from .dtypes import resolve_dtype
+from .dtypes import resolve_dtype, short_name
 from .errors import CompatibilityError, GenerationError
+from .devices import check_device
 from .pairing import check_compatibility, ensure_mask_token
 from .target import TargetModel
+from .target_checks import (check_loading_info, check_target_weights, check_tokenizer_files, first_line,
+                            read_target_config, read_target_headers)
 
 
 def load_target(path: str | os.PathLike, layer_ids=(), dtype: str | torch.dtype = "bf16",
                 device: str | torch.device = "cpu") -> TargetModel:
-    """A Hugging Face causal LM directory (safetensors, no remote code) as a TargetModel."""
+    """A Hugging Face causal LM directory (safetensors, no remote code) as a TargetModel.
+
+    Refused with one line: a malformed config, truncated weight files, tensors Hugging Face reports as
+    missing, unexpected or mismatched, integer or fp8 weights in an unquantised target, NaN or inf.
+    """
     path = Path(path)
-    if not (path / "config.json").is_file():
-        raise CompatibilityError(f"target {path} is not a Hugging Face model directory (no config.json).")
+    device = check_device(device)
+    config = read_target_config(path)
+    headers = read_target_headers(path)
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its load report would be a second, partial message; we refuse instead
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=resolve_dtype(dtype), trust_remote_code=False,
-                                                     use_safetensors=True)
-    except (OSError, ValueError, KeyError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CompatibilityError(f"cannot load target {path}: {first}") from None
+        model, info = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=resolve_dtype(dtype), trust_remote_code=False, use_safetensors=True,
+            output_loading_info=True, ignore_mismatched_sizes=True)
+    except Exception as exc:  # transformers and safetensors raise many types; one line naming the directory
+        raise CompatibilityError(f"cannot load target{first_line(exc, path)}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    check_loading_info(path, info)
+    check_target_weights(path, model, headers, quantized="quantization_config" in config)
     return TargetModel(model.to(device).eval(), layer_ids)
 
 
 def load_tokenizer(path: str | os.PathLike):
     from transformers import AutoTokenizer
 
+    path = Path(path)
+    check_tokenizer_files(path)
     try:
-        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
-    except (OSError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CompatibilityError(f"cannot load the tokenizer of {path}: {first}") from None
+        tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+    except Exception as exc:  # tokenizers raises its own types; one line naming the directory
+        raise CompatibilityError(f"cannot load the tokenizer{first_line(exc, path)}") from None
+    if len(tokenizer) == 0:
+        raise CompatibilityError(f"the tokenizer of {path} has an empty vocabulary, expected the target's tokenizer.")
+    return tokenizer
 
 
 @dataclass
@@ -63,26 +83,43 @@ class Pair:
         return iter((self.target, self.drafter, self.tokenizer))
 
 
-def load_pair(target_dir: str | os.PathLike, drafter_dir: str | os.PathLike, *, dtype: str | torch.dtype = "bf16",
+def load_pair(target_dir: str | os.PathLike, drafter_dir: str | os.PathLike, *, dtype: str | torch.dtype = "auto",
               device: str | torch.device | None = None, backend: str = "torch", threads: int = 0) -> Pair:
     """Drafter and target loaded in one precision, checked against each other before anything runs.
 
-    backend "onnxruntime" runs an exported drafter graph (a .onnx file or a `dflash-convert --to onnx`
-    directory) with ONNX Runtime on the CPU; the target stays in torch.
+    dtype "auto" (default): bf16 only where a short measured probe says it is faster for this target
+    on this machine (cached per machine and model; `dflash_core.auto_dtype`), else fp32; the choice
+    and its reason are the first of `notes`. backend "onnxruntime" runs an exported drafter graph (a
+    .onnx file or a `dflash-convert --to onnx` directory) with ONNX Runtime on the CPU; the target
+    stays in torch.
     """
     device = torch.device(device or "cpu")
+    notes: list[str] = []
     if backend == "onnxruntime":
         from .ort_drafter import load_onnx_drafter
 
         drafter = load_onnx_drafter(drafter_dir, threads=threads)
+        if dtype == "auto":  # the graph's precision decides: the target must feed it the same
+            dtype = drafter.dtype
+            notes.append(f"dtype {short_name(dtype)}: the precision of the ONNX drafter graph")
+        target = load_target(target_dir, drafter.config.target_layer_ids, dtype, device)
     else:
+        if dtype == "auto":
+            config = DFlashConfig.from_pretrained(drafter_dir)
+            target = load_target(target_dir, config.target_layer_ids, "fp32", device)
+            chosen, reason = resolve_auto_dtype(target.model, config.block_size, device=device)
+            target.model.to(chosen)
+            dtype = chosen
+            notes.append(f"dtype {reason}")
+        else:
+            target = None
         drafter = load_drafter(drafter_dir, device=device, dtype=dtype)
-    target = load_target(target_dir, drafter.config.target_layer_ids, dtype, device)
+        target = target or load_target(target_dir, drafter.config.target_layer_ids, dtype, device)
     check_compatibility(drafter.config, target)
     drafter.check_runtime(target)
     tokenizer = load_tokenizer(target_dir)
     note = ensure_mask_token(tokenizer, drafter.config)
-    return Pair(target, drafter, tokenizer, [note] if note else [])
+    return Pair(target, drafter, tokenizer, notes + ([note] if note else []))
 
 
 def stop_token_ids(target: TargetModel, tokenizer) -> list[int]:

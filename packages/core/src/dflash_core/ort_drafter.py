@@ -96,7 +96,7 @@ class OnnxRuntimeDrafter:
         cache.pending = (target_hidden.to(self.dtype), positions, counts)
 
     def propose(self, cache: OrtDraftState, noise_embedding: torch.Tensor, block_positions: torch.Tensor,
-                lm_head) -> torch.Tensor:
+                lm_head, num_drafts: int | None = None) -> torch.Tensor:
         kv = cache.kv
         features, positions, counts = cache.take_pending() or (
             noise_embedding.new_zeros(noise_embedding.shape[0], 0, self.config.fc_in_features).to(self.dtype),
@@ -116,9 +116,10 @@ class OnnxRuntimeDrafter:
         start = past_key.shape[3]
         kv.append(torch.from_numpy(present_key[:, :, :, start:]), torch.from_numpy(present_value[:, :, :, start:]),
                      counts)
-        out = torch.from_numpy(out)
+        end = out.shape[1] if num_drafts is None else 1 + num_drafts
+        out = torch.from_numpy(out[:, 1:end])
         logits = out if self.has_lm_head else lm_head(out.to(noise_embedding.dtype))
-        return greedy_tokens(logits[:, 1:]).to(noise_embedding.device)
+        return greedy_tokens(logits).to(noise_embedding.device)
 
 
 def _np(tensor: torch.Tensor) -> np.ndarray:

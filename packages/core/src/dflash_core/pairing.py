@@ -52,6 +52,12 @@ def check_compatibility(config: DFlashConfig, target: TargetShape) -> None:
             f"drafter mask_token_id is {config.mask_token_id} but the target's embedding has only "
             f"{target.vocab_size} rows."
         )
+    positions = getattr(target, "max_positions", None)  # optional: not every target knows it
+    if positions is not None and config.block_size > positions:
+        raise CompatibilityError(
+            f"drafter block_size is {config.block_size} but the target takes at most {positions} positions "
+            "(max_position_embeddings): a draft block must fit in the target's context."
+        )
 
 
 def ensure_mask_token(tokenizer, config: DFlashConfig) -> str | None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .config import DFlashConfig
+from .errors import ConfigError
 
 
 def rope_frequencies(config: DFlashConfig) -> tuple[torch.Tensor, float]:
@@ -20,15 +23,21 @@ def rope_frequencies(config: DFlashConfig) -> tuple[torch.Tensor, float]:
     from transformers import Qwen3Config
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    hf_config = Qwen3Config(
-        hidden_size=config.hidden_size,
-        num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_key_value_heads,
-        head_dim=dim,
-        max_position_embeddings=config.max_position_embeddings,
-        rope_parameters={**dict(config.rope_scaling), "rope_theta": config.rope_theta},
-    )
-    inv_freq, scaling = ROPE_INIT_FUNCTIONS[config.rope_scaling["rope_type"]](hf_config, None)
+    try:
+        hf_config = Qwen3Config(
+            hidden_size=config.hidden_size,
+            num_attention_heads=config.num_attention_heads,
+            num_key_value_heads=config.num_key_value_heads,
+            head_dim=dim,
+            max_position_embeddings=config.max_position_embeddings,
+            rope_parameters={**dict(config.rope_scaling), "rope_theta": config.rope_theta},
+        )
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[config.rope_scaling["rope_type"]](hf_config, None)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:  # parameters the config check cannot know
+        raise ConfigError(f"field 'rope_scaling' {dict(config.rope_scaling)} cannot build RoPE frequencies "
+                          f"({type(exc).__name__}: {exc}).") from None
+    if not bool(torch.isfinite(inv_freq).all()) or not math.isfinite(float(scaling)):
+        raise ConfigError(f"field 'rope_scaling' {dict(config.rope_scaling)} gives non-finite RoPE frequencies.")
     return inv_freq.float(), float(scaling)
 
 

@@ -7,6 +7,7 @@ sampling" means exactly what `generate(do_sample=True, ...)` does.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -24,8 +25,8 @@ class SamplingParams:
     """Keep the k most likely tokens; 0 keeps all."""
 
     def __post_init__(self) -> None:
-        if not (self.temperature >= 0):
-            raise GenerationError(f"temperature is {self.temperature}, expected a number >= 0.")
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):  # inf would sample uniformly
+            raise GenerationError(f"temperature is {self.temperature}, expected a finite number >= 0.")
         if not (0 < self.top_p <= 1):
             raise GenerationError(f"top_p is {self.top_p}, expected a value in (0, 1].")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:

@@ -19,14 +19,18 @@ from dflash_core.dtypes import resolve_dtype
 from .report import plot_lines, write_report
 
 
-def _drafter(layers: int, hidden: int, dtype: torch.dtype) -> Drafter:
+def drafter_config(layers: int, hidden: int) -> DFlashConfig:
+    """The measured drafter's shape (raises ConfigError for a width or depth that gives no valid drafter)."""
     heads = hidden // 128 if hidden >= 1024 else max(1, hidden // 64)
-    config = DFlashConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                          num_key_value_heads=max(1, heads // 4), head_dim=hidden // heads,
-                          intermediate_size=3 * hidden, vocab_size=32000, block_size=16, num_target_layers=36,
-                          target_layer_ids=tuple(range(1, 1 + max(layers, 1) * 6, 6))[:layers] or (18,),
-                          mask_token_id=31999)
-    drafter = Drafter(config)
+    return DFlashConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                        num_key_value_heads=max(1, heads // 4), head_dim=hidden // heads,
+                        intermediate_size=3 * hidden, vocab_size=32000, block_size=16, num_target_layers=36,
+                        target_layer_ids=tuple(range(1, 1 + max(layers, 1) * 6, 6))[:layers] or (18,),
+                        mask_token_id=31999)
+
+
+def _drafter(layers: int, hidden: int, dtype: torch.dtype) -> Drafter:
+    drafter = Drafter(drafter_config(layers, hidden))
     drafter.reset_parameters(0.02, torch.Generator().manual_seed(0))
     return drafter.to(dtype).eval()
 

@@ -1,24 +1,32 @@
-"""End-to-end decoding speed: DFlash vs the target alone, on held-out prompts, side by side.
+"""End-to-end decoding speed: DFlash and its peers against the target alone, on held-out prompts.
 
-For every prompt both decoders run back to back on the same target object (same forward path,
-same cache class), after a warm-up; totals give tokens/s, speedup, tau, efficiency = speedup / tau
-(1.0 would mean drafting and verification were free) and where the time went.
+Every method (`methods.RUNNERS`: `ar` the target alone, `dflash`, Hugging Face `prompt_lookup`, ...)
+runs on the same target object in the same dtype. Per batch size, each method first gets one short
+warm-up run (not timed); then, for every batch of prompts, all methods run back to back, their order
+rotated from one batch to the next so that none always runs first or last. At temperature 0 each
+method's tokens are compared with `ar`'s row by row: in fp32 a difference fails the run; in reduced
+precision it is counted and explained (ties in the target's logits round differently when scored 16
+tokens at once and one at a time).
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from tqdm import tqdm
 
-from dflash_core.autoregressive import generate_autoregressive
-from dflash_core.decoding import generate
-from dflash_core.loading import encode_prompt, load_pair, stop_token_ids
-from dflash_core.profiling import DecodeProfile
+from dflash_core.errors import DFlashError
+from dflash_core.loading import Pair, encode_prompt, load_pair, stop_token_ids
 from dflash_core.training.data import read_prompts
+
+from .methods import (DEFAULT_METHODS, RUNNERS, DecodeSettings, MethodRun, Mismatch, NotApplicable, PromptBatch,
+                      Runner, check_methods, compare_with_reference)
+
+WARMUP_TOKENS = 8
 
 
 @dataclass
@@ -28,114 +36,178 @@ class PairSpec:
     drafter: Path
     backend: str = "torch"
 
+    @property
+    def assistant(self) -> Path:
+        """Where the `assisted` method's small draft model lives (next to the target)."""
+        return self.target.parent / "assistant"
+
+
+class OutputMismatch(DFlashError):
+    """A method's greedy output is not the target's in fp32 (the report is written before this is raised)."""
+
+    def __init__(self, message: str, report: Path) -> None:
+        super().__init__(message)
+        self.report = report
+
 
 @dataclass
-class Totals:
-    tokens: int = 0
-    ar_tokens: int = 0
-    spec_s: float = 0.0
-    ar_s: float = 0.0
-    hf_s: float = 0.0
-    hf_tokens: int = 0
-    prefill_s: float = 0.0
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    decode_s: float = 0.0
-    steps: int = 0
-    accepted: int = 0
-    matches: int = 0
-    prompts: int = 0
+class Comparison:
+    """All methods on all batches of one batch size (pair, dtype and temperature fixed)."""
 
-    def row(self) -> dict:
-        spec_tps, ar_tps = self.tokens / self.spec_s, self.ar_tokens / self.ar_s
-        speedup, tau = spec_tps / ar_tps, self.accepted / max(1, self.steps)
-        return {"tokens": self.tokens, "tau": tau, "dflash_tok_s": spec_tps, "target_tok_s": ar_tps,
-                "speedup": speedup, "efficiency": speedup / tau if tau else 0.0,
-                "hf_generate_tok_s": self.hf_tokens / self.hf_s if self.hf_s else None,
-                "draft_share": self.draft_s / self.decode_s, "verify_share": self.verify_s / self.decode_s,
-                "overhead_share": max(0.0, self.decode_s - self.draft_s - self.verify_s) / self.decode_s,
-                "prefill_share": self.prefill_s / self.spec_s, "identical": f"{self.matches}/{self.prompts}"}
+    batch_size: int
+    methods: tuple[str, ...]
+    runs: dict[str, list[MethodRun]] = field(default_factory=dict)
+    not_applicable: dict[str, str] = field(default_factory=dict)
+    """Method -> why it cannot run this batch size."""
+    batches: list[tuple[int, ...]] = field(default_factory=list)
+    """Prompt index of every row of every batch."""
+    mismatches: list[Mismatch] = field(default_factory=list)
+    compared: bool = False
+    """True when outputs were compared with `ar` (temperature 0)."""
 
 
-def measure_pair(spec: PairSpec, prompts: list[str], *, max_new_tokens: int, dtype: str, temperature: float,
-                 hf_baseline: bool = True, seed: int = 0, device: str = "cpu") -> dict:
+def encode_prompts(pair: Pair, texts: Sequence[str], device) -> list[list[int]]:
+    return [encode_prompt(pair.tokenizer, text, device)[0].tolist() for text in texts]
+
+
+def make_batches(prompt_ids: Sequence[Sequence[int]], batch_size: int, *, pad_id: int, device) -> list[PromptBatch]:
+    """Full batches over all prompts: batch j holds prompts j*b .. j*b+b-1, wrapping round to prompt 0."""
+    n = len(prompt_ids)
+    batches = []
+    for start in range(0, n, batch_size):
+        index = [(start + r) % n for r in range(batch_size)]
+        batches.append(PromptBatch.of([prompt_ids[i] for i in index], index, pad_id=pad_id, device=device))
+    return batches
+
+
+def compare(pair: Pair, prompt_ids: Sequence[Sequence[int]], settings: DecodeSettings, *,
+            methods: Sequence[str] = DEFAULT_METHODS, batch_size: int = 1,
+            runners: dict[str, Runner] | None = None, label: str = "prompts") -> Comparison:
+    """Warm up, then run every method on every batch, interleaved; compare with `ar` at temperature 0."""
+    runners = runners or RUNNERS
+    methods = ("ar", *[m for m in methods if m != "ar"])  # the baseline every figure is relative to
+    pad = settings.stop_token_ids[0] if settings.stop_token_ids else 0
+    batches = make_batches(prompt_ids, batch_size, pad_id=pad, device=pair.target.device)
+    result = Comparison(batch_size, methods, {m: [] for m in methods})
+    warm = replace(settings, max_new_tokens=min(WARMUP_TOKENS, settings.max_new_tokens))
+    for method in methods:
+        try:
+            runners[method](pair, batches[0], warm)
+        except NotApplicable as exc:
+            result.not_applicable[method] = str(exc)
+    active = [m for m in methods if m not in result.not_applicable]
+    for j, batch in enumerate(tqdm(batches, desc=label, unit="batch", dynamic_ncols=True, leave=False)):
+        seeded = replace(settings, seed=settings.seed + j)
+        for method in active[j % len(active):] + active[: j % len(active)]:
+            result.runs[method].append(runners[method](pair, batch, seeded))
+        result.batches.append(batch.prompts)
+    if settings.temperature == 0:
+        result.compared = True
+        for method in active[1:]:
+            for batch, ref, run in zip(batches, result.runs["ar"], result.runs[method]):
+                result.mismatches += compare_with_reference(method, ref, run, batch.prompts, batch_size)
+    return result
+
+
+def summarize(comparison: Comparison) -> list[dict]:
+    """One row per method: tokens/s, speedup over `ar` (overall and per batch), tau, time shares."""
+    ar = comparison.runs["ar"]
+    ar_rates = [_rate(r) for r in ar]
+    ar_total = sum(map(_count, ar)) / sum(r.seconds for r in ar)  # tokens/s of the target alone
+    rows = []
+    for method in comparison.methods:
+        row = {"method": method, "batch_size": comparison.batch_size}
+        if method in comparison.not_applicable:
+            rows.append(row | {"n/a": comparison.not_applicable[method]})
+            continue
+        runs = comparison.runs[method]
+        tokens, seconds = sum(_count(r) for r in runs), sum(r.seconds for r in runs)
+        per_batch = [_rate(r) / a for r, a in zip(runs, ar_rates)]
+        rows.append(row | {
+            "rows": sum(len(r.tokens) for r in runs), "tokens": tokens, "seconds": seconds,
+            "tok_s": tokens / seconds, "speedup": (tokens / seconds) / ar_total,
+            "speedup_per_batch": per_batch, "speedup_min": min(per_batch),
+            "speedup_median": statistics.median(per_batch), "speedup_max": max(per_batch),
+            "identical": _identical(comparison, method), **_steps(runs)})
+    return rows
+
+
+def _count(run: MethodRun) -> int:
+    return sum(len(t) for t in run.tokens)
+
+
+def _rate(run: MethodRun) -> float:
+    return _count(run) / run.seconds
+
+
+def _identical(comparison: Comparison, method: str) -> str | None:
+    if not comparison.compared:
+        return None
+    rows = sum(len(b) for b in comparison.batches)
+    return f"{rows - sum(m.method == method for m in comparison.mismatches)}/{rows}"
+
+
+def _steps(runs: list[MethodRun]) -> dict:
+    """tau and where a speculative method's time went (only for runs that report steps and phases)."""
+    if not runs or runs[0].acceptance_lengths is None:
+        return {}
+    steps = [a for r in runs for row in r.acceptance_lengths for a in row]
+    out = {"tau": sum(steps) / max(1, len(steps))}
+    profiles = [r.profile for r in runs if r.profile is not None]
+    decode = sum(p.decode_s for p in profiles)
+    if decode > 0:
+        draft, verify = sum(p.draft_s for p in profiles), sum(p.verify_s for p in profiles)
+        out |= {"draft_share": draft / decode, "verify_share": verify / decode,
+                "overhead_share": max(0.0, decode - draft - verify) / decode,
+                "prefill_share": sum(p.prefill_s for p in profiles) / sum(p.total_s for p in profiles)}
+    return out
+
+
+def measure_pair(spec: PairSpec, texts: Sequence[str], *, methods: Sequence[str] = DEFAULT_METHODS,
+                 batch_sizes: Sequence[int] = (1,), max_new_tokens: int, dtype: str, temperature: float,
+                 seed: int = 0, device: str = "cpu", runners: dict[str, Runner] | None = None
+                 ) -> tuple[list[dict], list[Mismatch], bool]:
+    """Rows of `summarize` for every batch size, the mismatches, and whether they are failures (fp32)."""
     pair = load_pair(spec.target, spec.drafter, dtype=dtype, device=device, backend=spec.backend)
-    stops = stop_token_ids(pair.target, pair.tokenizer)
-    warm = encode_prompt(pair.tokenizer, prompts[0], device)
-    generate(pair.target, pair.drafter, warm, max_new_tokens=32, stop_token_ids=stops)
-    generate_autoregressive(pair.target, warm, max_new_tokens=8, stop_token_ids=stops)
-    totals = measure_prompts(pair, prompts, stops, max_new_tokens=max_new_tokens, temperature=temperature,
-                             seed=seed, hf_baseline=hf_baseline, label=spec.label, device=device)
-    return totals.row()
-
-
-def measure_prompts(pair, prompts: list[str], stops: list[int], *, max_new_tokens: int, temperature: float = 0.0,
-                    top_p: float = 1.0, top_k: int = 0, seed: int = 0, device: str = "cpu", hf_baseline: bool = False,
-                    label: str = "prompts") -> Totals:
-    """DFlash and the target alone back to back on every prompt (prompt i sampled with seed + i)."""
-    totals = Totals()
-    for i, prompt in enumerate(tqdm(prompts, desc=label, unit="prompt", dynamic_ncols=True, leave=False)):
-        ids = encode_prompt(pair.tokenizer, prompt, device)
-        kwargs = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
-                  "stop_token_ids": stops, "seed": seed + i}
-        ar_profile, spec_profile = DecodeProfile(), DecodeProfile()
-        ar = generate_autoregressive(pair.target, ids, profile=ar_profile, **kwargs)
-        spec_result = generate(pair.target, pair.drafter, ids, profile=spec_profile, **kwargs)
-        totals.tokens += len(spec_result.tokens[0])
-        totals.ar_tokens += len(ar.tokens[0])
-        totals.spec_s += spec_profile.total_s
-        totals.ar_s += ar_profile.total_s
-        for name in ("prefill_s", "draft_s", "verify_s", "decode_s"):
-            setattr(totals, name, getattr(totals, name) + getattr(spec_profile, name))
-        totals.steps += len(spec_result.acceptance_lengths[0])
-        totals.accepted += sum(spec_result.acceptance_lengths[0])
-        totals.matches += spec_result.tokens == ar.tokens
-        totals.prompts += 1
-        if hf_baseline and temperature == 0 and i < 4:
-            totals.hf_tokens, totals.hf_s = _hf_generate(pair, ids, max_new_tokens, stops, totals)
-    return totals
-
-
-def _hf_generate(pair, ids, max_new_tokens, stops, totals) -> tuple[int, float]:
-    """The target's own `model.generate()` (Hugging Face's loop), as a second baseline."""
-    start = time.perf_counter()
-    with torch.inference_mode():
-        out = pair.target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                         do_sample=False, eos_token_id=stops or None,
-                                         pad_token_id=stops[0] if stops else 0)
-    return totals.hf_tokens + out.shape[1] - ids.shape[1], totals.hf_s + time.perf_counter() - start
+    stops = tuple(stop_token_ids(pair.target, pair.tokenizer))
+    settings = DecodeSettings(max_new_tokens, stops, temperature=temperature, seed=seed)
+    prompt_ids = encode_prompts(pair, texts, device)
+    rows, mismatches = [], []
+    for b in batch_sizes:
+        comparison = compare(pair, prompt_ids, settings, methods=methods, batch_size=b, runners=runners,
+                             label=f"{spec.label} {dtype} T={temperature:g} batch {b}")
+        rows += summarize(comparison)
+        mismatches += comparison.mismatches
+    strict = pair.target.model.dtype == torch.float32
+    return rows, mismatches, strict
 
 
 def run(out: Path, pairs: list[PairSpec], prompts_file: Path, *, prompts: int = 16, max_new_tokens: int = 256,
-        dtypes=("bf16",), temperatures=(0.0,), device: str = "cpu", name: str = "e2e",
-        title: str = "DFlash vs the target alone", command: str = "dflash bench e2e") -> Path:
-    from .report import plot_bars, write_report
+        dtypes=("bf16",), temperatures=(0.0,), device: str = "cpu", methods: Sequence[str] = DEFAULT_METHODS,
+        batch_sizes: Sequence[int] = (1,), name: str = "e2e", title: str = "DFlash and its peers vs the target alone",
+        command: str = "dflash bench e2e", runners: dict[str, Runner] | None = None) -> Path:
+    """Measure, write out/name.{json,md,png} (+ _per_prompt.png, _batch.png); raise OutputMismatch in fp32."""
+    from .e2e_report import write
 
+    for spec in pairs:
+        check_methods(methods, assistant=spec.assistant)
     texts = read_prompts(prompts_file)[:prompts]
-    results = []
+    results, failures, counted = [], [], False
     for dtype in dtypes:
         for temperature in temperatures:
             for spec in pairs:
-                row = measure_pair(spec, texts, max_new_tokens=max_new_tokens, dtype=dtype, temperature=temperature,
-                                   device=device)
-                results.append({"pair": spec.label, "backend": spec.backend, "dtype": dtype,
-                                "temperature": temperature, **row})
-    columns = ["pair", "backend", "dtype", "T", "tau", "DFlash tok/s", "target tok/s", "speedup", "efficiency",
-               "draft %", "verify %", "overhead %", "identical"]
-    rows = [[r["pair"], r["backend"], r["dtype"], r["temperature"], r["tau"], r["dflash_tok_s"], r["target_tok_s"],
-             r["speedup"], r["efficiency"], 100 * r["draft_share"], 100 * r["verify_share"],
-             100 * r["overhead_share"], r["identical"] if r["temperature"] == 0 else "n/a"] for r in results]
-    out.mkdir(parents=True, exist_ok=True)
-    plot_bars(out / f"{name}.png", title, "speedup over the target alone",
-              [f"{r['pair']} {r['dtype']} T={r['temperature']:g}" for r in results], [r["speedup"] for r in results],
-              hline=1.0)
-    notes = [f"{len(texts)} held-out prompts from {prompts_file}, up to {max_new_tokens} new tokens each, batch 1",
-             "target tok/s: the same TargetModel forward one token at a time (same cache, same code path)",
-             "draft/verify/overhead %: shares of decode time (overhead = the loop's own work outside the forwards)",
-             f"plot: {name}.png"]
-    hf = [r for r in results if r.get("hf_generate_tok_s")]
-    if hf:
-        notes.append("Hugging Face generate() on the same target: " + ", ".join(
-            f"{r['pair']} {r['dtype']}: {r['hf_generate_tok_s']:.1f} tok/s" for r in hf))
-    return write_report(out, name, title=title, command=command, columns=columns, rows=rows,
-                        data={"results": results}, notes=notes)
+                rows, mismatches, strict = measure_pair(
+                    spec, texts, methods=methods, batch_sizes=batch_sizes, max_new_tokens=max_new_tokens,
+                    dtype=dtype, temperature=temperature, device=device, runners=runners)
+                config = {"pair": spec.label, "backend": spec.backend, "dtype": dtype, "temperature": temperature}
+                results += [config | row for row in rows]
+                failures += [(config, m) for m in mismatches] if strict else []
+                counted |= bool(mismatches) and not strict
+    path = write(out, name, results, title=title, command=command, prompts_file=prompts_file, prompts=len(texts),
+                 max_new_tokens=max_new_tokens, rounding_note=counted)
+    if failures:
+        config, first = failures[0]
+        more = f"; {len(failures) - 1} more" if len(failures) > 1 else ""
+        raise OutputMismatch(f"{first.line()} at temperature 0 in {config['dtype']} (pair {config['pair']}){more}; "
+                             f"report: {path}", path)
+    return path

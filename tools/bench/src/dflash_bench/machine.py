@@ -24,7 +24,7 @@ def cpu_flags() -> list[str]:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
                 flags = set(line.split(":", 1)[1].split())
-                return sorted(f for f in flags if f.startswith(("avx512", "amx")) or f in ("avx2", "fma"))
+                return sorted(f for f in flags if f.startswith(("avx512", "amx")) or f in ("avx2", "fma", "avx_vnni"))
     except OSError:
         pass
     return []
@@ -45,8 +45,19 @@ def describe() -> dict:
     return info
 
 
+def isa_summary(flags: list[str]) -> str:
+    """The vector ISA levels that decide bf16 vs fp32 speed: "AVX2, no AVX-512, no AMX" and alike."""
+    parts = ["AVX2" if "avx2" in flags else "no AVX2"]
+    if "avx512f" in flags:
+        parts.append("AVX-512 with BF16" if "avx512_bf16" in flags else "AVX-512 without BF16")
+    else:
+        parts.append("no AVX-512")
+    parts.append("AMX-BF16" if "amx_bf16" in flags else "no AMX")
+    return ", ".join(parts)
+
+
 def one_line(info: dict) -> str:
     flags = info.get("cpu_flags", [])
-    amx = "AMX-BF16" if "amx_bf16" in flags else ("AVX-512 BF16, no AMX" if "avx512_bf16" in flags else "no AMX")
     gpu = f", {info['gpu']}" if "gpu" in info else ", no GPU"
-    return f"{info['cpu']} ({info['cores']} cores, {amx}{gpu}), torch {info['torch']} with {info['torch_threads']} threads"
+    return (f"{info['cpu']} ({info['cores']} cores, {isa_summary(flags)}{gpu}; flags {' '.join(flags) or 'unknown'}), "
+            f"torch {info['torch']} with {info['torch_threads']} threads")

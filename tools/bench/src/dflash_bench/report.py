@@ -81,5 +81,34 @@ def plot_bars(path: Path, title: str, ylabel: str, labels: list[str], values: li
     plt.close(fig)
 
 
+def plot_points(path: Path, title: str, ylabel: str, groups: dict[str, list[float]],
+                hline: float | None = None) -> None:
+    """One box per group with every value drawn on it as a point (e.g. one point per prompt)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    import textwrap
+
+    labels = list(groups)
+    fig, ax = plt.subplots(figsize=(max(6.4, 1.1 * len(labels)), 4.4), dpi=120)
+    ax.boxplot([groups[k] for k in labels], widths=0.5, showfliers=False)
+    for i, label in enumerate(labels, start=1):
+        values = groups[label]
+        offsets = [0.0] if len(values) == 1 else [0.3 * (j / (len(values) - 1) - 0.5) for j in range(len(values))]
+        ax.scatter([i + o for o in offsets], values, s=12, color="#4c72b0", alpha=0.7, zorder=3)
+    if hline is not None:
+        ax.axhline(hline, color="grey", linestyle="--", linewidth=1)
+    ax.set_xticks(range(1, len(labels) + 1), labels)
+    ax.set_title("\n".join(textwrap.wrap(title, 60)), fontsize=10)
+    ax.set_ylabel(ylabel)
+    ax.tick_params(axis="x", labelrotation=25, labelsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def load(path: Path) -> dict:
     return json.loads(Path(path).read_text())

@@ -2,9 +2,11 @@
 
 from dflash_core.errors import DFlashError
 
+EXIT_INTERNAL = 1
 EXIT_BAD_INPUT = 2
 EXIT_MISSING = 3
 EXIT_VERIFY = 4
+# 130 (interrupted) lives in cli.py: it must be known before the heavy imports this module brings.
 
 
 class MissingRequirement(DFlashError):
@@ -13,7 +15,3 @@ class MissingRequirement(DFlashError):
 
 class VerificationFailed(DFlashError):
     """The converted artefact does not reproduce the torch drafter (exit 4)."""
-
-
-class OutputExists(DFlashError):
-    """The output directory exists and --force was not given (exit 2)."""

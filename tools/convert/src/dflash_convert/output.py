@@ -11,6 +11,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from dflash_core.dtypes import resolve_dtype
+from dflash_core.errors import CheckpointError
 from dflash_core.fileio import write_json
 from dflash_core.manifest import MANIFEST, build_manifest
 
@@ -33,7 +34,7 @@ def map_tensors(table: Sequence[TensorRule], tensors: dict[str, torch.Tensor], d
                 out[match.expand(template)] = tensor.to(torch_dtype).contiguous()
                 break
         else:
-            raise ValueError(f"no conversion rule for tensor '{name}'")
+            raise CheckpointError(f"no conversion rule for tensor '{name}'")
     return out
 
 

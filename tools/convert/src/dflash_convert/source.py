@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Mapping
 
 import torch
 
@@ -12,7 +12,11 @@ from dflash_core.checkpoint import INDEX_FILE, check_drafter_tensors, load_tenso
 from dflash_core.config import DFlashConfig
 from dflash_core.errors import CheckpointError
 from dflash_core.fileio import sha256_files
+from dflash_core.textfiles import read_json_object
 from dflash_core.training.train_state import STATE_FILE
+
+# Deployable outputs never ask an engine to run code from the checkpoint: the published format needs neither key.
+REMOTE_CODE_KEYS = ("auto_map", "trust_remote_code")
 
 
 @dataclass
@@ -31,13 +35,9 @@ def read_source(path: str | Path) -> Source:
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path} does not exist: expected a drafter directory, weights file or index.")
-    if path.is_file() and (path.name.endswith(".index.json") or path.suffix == ".safetensors"):
-        directory, weights = path.parent, path.parent if path.name.endswith(".index.json") else path
-    else:
-        directory, weights = path, path
+    directory, weights = source_location(path)
     if (directory / STATE_FILE).is_file():  # OUT/train_state of `dflash train`: fp32 master weights
-        record = json.loads((directory / STATE_FILE).read_text())
-        config = DFlashConfig.from_dict(record["meta"]["drafter"], source=str(directory / STATE_FILE))
+        config = read_state_config(directory / STATE_FILE)
         files = [directory / "model.safetensors", directory / STATE_FILE]
         weights = directory / "model.safetensors"
     else:
@@ -45,8 +45,33 @@ def read_source(path: str | Path) -> Source:
         files = [directory / "config.json", *weight_files(weights)]
         if (directory / INDEX_FILE).is_file() and weights == directory:
             files.append(directory / INDEX_FILE)
-    tensors = check_drafter_tensors(load_tensors(weights), config, str(path))
+    tensors = check_drafter_tensors(load_tensors(weights), config, str(path))  # names, shapes, dtypes, finite
+    config = config.replace(extra=without_remote_code(config.extra))
     return Source(path=directory, config=config, tensors=tensors, sha256=sha256_files(files))
+
+
+def source_location(path: Path) -> tuple[Path, Path]:
+    """(the directory SRC's config is read from, what its weights are loaded from)."""
+    if path.is_file() and (path.name.endswith(".index.json") or path.suffix == ".safetensors"):
+        return path.parent, path.parent if path.name.endswith(".index.json") else path
+    return path, path
+
+
+def read_state_config(file: Path) -> DFlashConfig:
+    """The drafter config a `dflash train` state.json keeps under meta.drafter."""
+    meta = read_json_object(file, CheckpointError, "the state.json `dflash train` writes").get("meta")
+    drafter = meta.get("drafter") if isinstance(meta, dict) else None
+    if not isinstance(drafter, dict):
+        raise CheckpointError(f"{file} has no meta.drafter object (the drafter config): expected the state.json "
+                              "`dflash train` writes.")
+    return DFlashConfig.from_dict(drafter, source=f"{file} meta.drafter")
+
+
+def without_remote_code(value: Any) -> Any:
+    """`value` with every auto_map / trust_remote_code key removed, at any depth of nested objects."""
+    if isinstance(value, Mapping):
+        return {k: without_remote_code(v) for k, v in value.items() if k not in REMOTE_CODE_KEYS}
+    return value
 
 
 def drafter_from_source(source: Source, dtype: torch.dtype = torch.float32):

@@ -1,7 +1,8 @@
 """`make models`: rebuild the demo target, tokenizer, held-out prompts and drafter from scratch.
 
 Stages (each resumable, each skipped when its output exists):
-  tokenizer -> token streams -> target LM -> held-out prompts -> target-aligned data -> drafter.
+  tokenizer -> token streams -> target LM -> assistant LM -> held-out prompts -> target-aligned data -> drafter.
+The assistant is the small draft model of the `assisted` peer method (Hugging Face assisted generation).
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, default=Path("runs/demo"), help="scratch and resumable state")
     parser.add_argument("--out", type=Path, default=Path("models/demo"), help="where the demo models go")
-    parser.add_argument("--stage", choices=["target", "prompts", "data", "drafter", "all"], default="all",
+    parser.add_argument("--stage", choices=["target", "assistant", "prompts", "data", "drafter", "all"], default="all",
                         help="stop after this stage (every stage resumes from its saved state)")
     parser.add_argument("--target-steps", type=int, default=TargetRecipe.steps)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -148,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
         build_target(args.work, args.out, TargetRecipe(steps=args.target_steps))
     if args.stage == "target":
         return 0
+    if not (args.out / "assistant" / "config.json").is_file():
+        from .assistant import build_assistant
+
+        build_assistant(args.work, args.out)
+    if args.stage == "assistant":
+        return 0
     train_prompts, heldout = build_prompts(args.work, args.out, demo)
     if args.stage == "prompts":
         return 0
@@ -157,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.out / "drafter" / "config.json").is_file():
         run = build_drafter(args.work, args.out, data, heldout, demo)
         publish_drafter(run, args.out / "drafter")
-    print(json.dumps({"target": str(args.out / "target"), "drafter": str(args.out / "drafter"),
-                      "heldout": str(heldout)}))
+    print(json.dumps({"target": str(args.out / "target"), "assistant": str(args.out / "assistant"),
+                      "drafter": str(args.out / "drafter"), "heldout": str(heldout)}))
     return 0
 
 

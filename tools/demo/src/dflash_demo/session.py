@@ -1,14 +1,17 @@
-"""`dflash demo`: stream a held-out completion with DFlash, then measure it against the target alone."""
+"""`dflash demo`: stream a held-out completion with DFlash, then measure it against the target alone and
+Hugging Face prompt lookup (one closing line), and DFlash against the target alone over several prompts."""
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from dflash_core.autoregressive import generate_autoregressive
 from dflash_core.decoding import generate_stream
 from dflash_core.errors import DFlashError
+from dflash_core.dtypes import short_name
 from dflash_core.loading import Pair, encode_prompt, load_pair, stop_token_ids
 from dflash_core.profiling import DecodeProfile
 from dflash_core.text_stream import TextStream
@@ -33,7 +36,8 @@ class DemoRequest:
     top_k: int = 0
     seed: int = 0
     summary_prompts: int = 24
-    dtype: str = "bf16"
+    dtype: str = "auto"
+    draft_length: int | str = "auto"
     device: str = "cpu"
 
     @property
@@ -51,30 +55,70 @@ def run_demo(request: DemoRequest) -> None:
                           f"({len(prompts)} prompts in {models / 'heldout.jsonl'}).")
     prompt = prompts[request.prompt_index]
     pair = load_pair(models / "target", models / "drafter", dtype=request.dtype, device=request.device)
+    dtype = short_name(pair.target.dtype)
+    for note in pair.notes:
+        print(f"note: {note}", file=sys.stderr)
     ids = encode_prompt(pair.tokenizer, prompt, request.device)
     stops = stop_token_ids(pair.target, pair.tokenizer)
     c = pair.drafter.config
     print(f"DFlash demo: {pair.target.num_layers}-layer Qwen3 target ({_params(pair.target.model)}M params) "
-          f"+ {c.num_hidden_layers}-layer drafter, block {c.block_size}, {request.dtype}, {request.device}",
+          f"+ {c.num_hidden_layers}-layer drafter, block {c.block_size}, {dtype}, {request.device}, "
+          f"draft length {request.draft_length}",
           file=sys.stderr)
     print(f"held-out prompt #{request.prompt_index} ({ids.shape[1]} tokens):", file=sys.stderr)
     print(prompt, end="")
     warm_up(pair.target, pair.drafter, ids, stops)
-    all_identical = _stream_one(pair, ids, stops, request)
+    streamed = _stream_one(pair, ids, stops, request)
+    all_identical = streamed.identical
     if request.summary_prompts:
         all_identical &= _summary(pair, prompts[: request.summary_prompts], stops, request)
-    if not all_identical and request.temperature == 0 and request.dtype != "fp32":
-        print(ROUNDING_NOTE.format(dtype=request.dtype), file=sys.stderr)
+    if not all_identical and request.temperature == 0 and dtype != "fp32":
+        print(ROUNDING_NOTE.format(dtype=dtype), file=sys.stderr)
+    print(streamed.line(greedy=request.temperature == 0), file=sys.stderr)  # the demo's last line
 
 
-def _stream_one(pair: Pair, ids, stops: list[int], request: DemoRequest) -> bool:
-    """Stream DFlash's completion, then run the target alone on the same prompt; True if identical."""
+@dataclass(frozen=True)
+class StreamedPrompt:
+    """The streamed prompt decoded three ways in this run: DFlash, the target alone, prompt lookup."""
+
+    tokens: int
+    tau: float
+    dflash_tok_s: float
+    target_tok_s: float
+    lookup_tok_s: float
+    dflash_identical: bool
+    lookup_identical: bool
+
+    @property
+    def identical(self) -> bool:
+        return self.dflash_identical and self.lookup_identical
+
+    def line(self, *, greedy: bool) -> str:
+        d, t, p = self.dflash_tok_s, self.target_tok_s, self.lookup_tok_s
+        text = (f"this prompt: {self.tokens} tokens | DFlash {d:.1f} tok/s (tau {self.tau:.2f}) | target alone "
+                f"{t:.1f} tok/s | prompt lookup {p:.1f} tok/s | DFlash {d / t:.2f}x the target alone and "
+                f"{d / p:.2f}x prompt lookup (prompt lookup {p / t:.2f}x)")
+        if greedy:
+            same = "yes" if self.identical else (f"DFlash {'yes' if self.dflash_identical else 'NO'}, "
+                                                 f"prompt lookup {'yes' if self.lookup_identical else 'NO'}")
+            text += f" | identical to target alone: {same}"
+        return text
+
+
+def _stream_one(pair: Pair, ids, stops: list[int], request: DemoRequest) -> StreamedPrompt:
+    """Stream DFlash's completion, then run the target alone and prompt lookup on the same prompt."""
+    from dflash_bench.methods import DecodeSettings, PromptBatch, run_prompt_lookup
+
+    settings = DecodeSettings(request.max_new_tokens, tuple(stops), **request.sampling)
+    batch = PromptBatch.of(ids.tolist(), [request.prompt_index], pad_id=0, device=request.device)
+    run_prompt_lookup(pair, batch, replace(settings, max_new_tokens=8))  # warm-up, untimed
     printer = TextStream(pair.tokenizer)
     bold = sys.stdout.isatty()
     sys.stdout.write("\033[1m") if bold else None
     profile = DecodeProfile()
     stream = generate_stream(pair.target, pair.drafter, ids, max_new_tokens=request.max_new_tokens,
-                             stop_token_ids=stops, profile=profile, **request.sampling)
+                             stop_token_ids=stops, draft_length=request.draft_length, profile=profile,
+                             **request.sampling)
     for chunk in stream:
         printer.push(chunk[0])
     printer.push([], final=True)
@@ -83,28 +127,30 @@ def _stream_one(pair: Pair, ids, stops: list[int], request: DemoRequest) -> bool
     ar_profile = DecodeProfile()
     ar = generate_autoregressive(pair.target, ids, max_new_tokens=request.max_new_tokens, stop_token_ids=stops,
                                  profile=ar_profile, **request.sampling)
-    identical = result.tokens == ar.tokens
-    rate, ar_rate = profile.tokens_per_s(result.num_new_tokens), ar_profile.tokens_per_s(ar.num_new_tokens)
-    print(f"\nthis prompt: {len(result.tokens[0])} tokens | tau {result.tau:.2f} | DFlash {rate:.1f} tok/s"
-          f" | target alone {ar_rate:.1f} tok/s | speedup {rate / ar_rate:.2f}x"
-          + (f" | identical to target alone: {'yes' if identical else 'NO'}" if request.temperature == 0 else ""),
-          file=sys.stderr)
-    return identical
+    lookup = run_prompt_lookup(pair, batch, settings)
+    return StreamedPrompt(tokens=len(result.tokens[0]), tau=result.tau,
+                          dflash_tok_s=profile.tokens_per_s(result.num_new_tokens),
+                          target_tok_s=ar_profile.tokens_per_s(ar.num_new_tokens),
+                          lookup_tok_s=len(lookup.tokens[0]) / lookup.seconds,
+                          dflash_identical=result.tokens == ar.tokens, lookup_identical=lookup.tokens == ar.tokens)
 
 
 def _summary(pair: Pair, prompts: list[str], stops: list[int], request: DemoRequest) -> bool:
-    """Both decoders on several held-out prompts, measured side by side in this run; True if all identical."""
-    from dflash_bench.e2e import measure_prompts
+    """DFlash and the target alone on several held-out prompts, interleaved in this run; True if all identical."""
+    from dflash_bench.e2e import compare, encode_prompts, summarize
+    from dflash_bench.methods import RUNNERS, DecodeSettings, run_dflash
 
-    totals = measure_prompts(pair, prompts, stops, max_new_tokens=request.max_new_tokens,
-                             device=request.device, label="held-out prompts", **request.sampling)
-    row = totals.row()
-    line = (f"{len(prompts)} held-out prompts: tau {row['tau']:.2f} | DFlash {row['dflash_tok_s']:.1f} tok/s | "
-            f"target alone {row['target_tok_s']:.1f} tok/s | speedup {row['speedup']:.2f}x")
+    settings = DecodeSettings(request.max_new_tokens, tuple(stops), **request.sampling)
+    runners = {**RUNNERS, "dflash": partial(run_dflash, draft_length=request.draft_length)}
+    comparison = compare(pair, encode_prompts(pair, prompts, request.device), settings, methods=("ar", "dflash"),
+                         runners=runners, label="held-out prompts")
+    ar, spec = summarize(comparison)
+    line = (f"{len(prompts)} held-out prompts: tau {spec['tau']:.2f} | DFlash {spec['tok_s']:.1f} tok/s | "
+            f"target alone {ar['tok_s']:.1f} tok/s | speedup {spec['speedup']:.2f}x")
     if request.temperature == 0:
-        line += f" | identical to target alone: {row['identical']}"
+        line += f" | identical to target alone: {spec['identical']}"
     print(line, file=sys.stderr)
-    return totals.matches == totals.prompts
+    return not comparison.mismatches
 
 
 def _params(model) -> str:

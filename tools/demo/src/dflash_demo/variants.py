@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
                             block_size=block, run_name=run_name)
         pairs.append(e2e.PairSpec(name, args.models / "target", run))
     e2e.run(args.out, pairs, heldout, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
-            dtypes=("bf16",), temperatures=[float(t) for t in args.temperatures.split(",")], name=args.name,
+            dtypes=("bf16",), methods=("ar", "dflash"), temperatures=[float(t) for t in args.temperatures.split(",")], name=args.name,
             title=f"Drafter depth and block size, {args.epochs:g} epochs each (demo target, bf16, batch 1)",
             command="python -m dflash_demo.variants " + " ".join(sys.argv[1:] if argv is None else argv))
     return 0

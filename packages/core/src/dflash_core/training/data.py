@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -24,6 +25,7 @@ from tqdm import tqdm
 
 from ..errors import DataError
 from ..fileio import atomic_path, sha256_file, write_json
+from ..textfiles import json_type, read_json_object, read_lines
 
 INDEX_FILE = "index.json"
 FORMAT_VERSION = 1
@@ -46,14 +48,31 @@ class DataSettings:
     shard_size: int = 256
     """Samples per shard."""
 
+    def __post_init__(self) -> None:
+        if self.responses not in RESPONSES:
+            raise DataError(f"responses is {self.responses!r}, expected one of {', '.join(RESPONSES)}.")
+        for name, low in (("max_new_tokens", 1), ("shard_size", 1), ("seed", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low or value >= 2**64:
+                raise DataError(f"{name} is {value!r}, expected an integer >= {low}.")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise DataError(f"temperature is {self.temperature}, expected a finite number >= 0.")
+        if self.responses != "greedy" and self.temperature == 0:
+            raise DataError(f"temperature is 0 but responses are {self.responses}: sampling needs a temperature "
+                            "> 0 (or use responses greedy).")
+
+
+RESPONSES = ("greedy", "sampled", "both")
+
 
 def read_prompts(path: str | Path) -> list[str]:
     """Prompts from a JSONL file (one object per line with a non-empty `prompt` string)."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"prompt file {path} does not exist.")
+        raise DataError(f"prompt file {path} {'is a directory' if path.is_dir() else 'does not exist'}, "
+                        "expected a JSONL file.")
     prompts = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in read_lines(path):
         if not line.strip():
             continue
         try:
@@ -89,7 +108,7 @@ class ShardWriter:
 
     def __init__(self, out: Path, settings: DataSettings) -> None:
         self.out, self.settings = out, settings
-        self.index = _load_or_start_index(out, settings)
+        self.index = load_or_start_index(out, settings)
         self.pending: list[tuple[list[int], int]] = []
 
     @property
@@ -101,6 +120,7 @@ class ShardWriter:
 
     def flush(self, prompts_done: int) -> None:
         """Write pending samples as one shard and record that `prompts_done` prompts are complete."""
+        self.out.mkdir(parents=True, exist_ok=True)  # only now: a run that fails earlier leaves no folder
         if self.pending:
             name = f"shard-{len(self.index['shards']):05d}.safetensors"
             lengths = [len(t) for t, _ in self.pending]
@@ -118,13 +138,18 @@ class ShardWriter:
         write_json(self.out / INDEX_FILE, self.index)
 
 
-def _load_or_start_index(out: Path, settings: DataSettings) -> dict:
-    out.mkdir(parents=True, exist_ok=True)
+def load_or_start_index(out: Path, settings: DataSettings) -> dict:
+    """The index of a data set to resume (checked, same settings), or a fresh one; creates nothing."""
     path = out / INDEX_FILE
     if not path.is_file():
         return {"version": FORMAT_VERSION, "settings": asdict(settings), "prompts_done": 0, "shards": []}
-    index = json.loads(path.read_text())
-    saved = index.get("settings", {})
+    index = read_index(path)
+    saved = index.get("settings")
+    if not isinstance(saved, dict):
+        raise DataError(f"{path} has no 'settings' object, expected the index.json `dflash data` writes.")
+    done = index.get("prompts_done")
+    if isinstance(done, bool) or not isinstance(done, int) or done < 0:
+        raise DataError(f"{path}: field 'prompts_done' is {done!r}, expected an integer >= 0.")
     differ = [k for k, v in asdict(settings).items() if saved.get(k) != v]
     if differ:
         raise DataError(
@@ -167,7 +192,7 @@ def _generate(model, encoded: list[list[int]], mode: str, settings: DataSettings
     mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded], device=model.device)
     kwargs = {"do_sample": False}
     if mode == "sampled":
-        torch.manual_seed(settings.seed * 1_000_003 + batch_start)
+        torch.manual_seed((settings.seed * 1_000_003 + batch_start) % 2**64)
         kwargs = {"do_sample": True, "temperature": settings.temperature, "top_k": 0, "top_p": 1.0}
     out = model.generate(ids, attention_mask=mask, max_new_tokens=settings.max_new_tokens, pad_token_id=pad,
                          eos_token_id=eos, **kwargs)
@@ -196,17 +221,15 @@ class TokenDataset:
         index_path = self.path / INDEX_FILE
         if not index_path.is_file():
             raise DataError(f"{self.path} is not a data set: {INDEX_FILE} is missing (make one with `dflash data`).")
-        try:
-            self.index = json.loads(index_path.read_text())
-        except json.JSONDecodeError:
-            raise DataError(f"{index_path} is corrupt (not valid JSON).") from None
+        self.index = read_index(index_path)
         self.samples: list[Sample] = []
+        self.largest_token: dict[str, int] = {}  # shard file -> its largest token id
         for shard in self.index.get("shards", []):
             self.samples.extend(self._read_shard(shard, verify))
         if not self.samples:
             raise DataError(f"data set {self.path} holds no samples.")
 
-    def _read_shard(self, shard: dict, verify: bool) -> Iterator[Sample]:
+    def _read_shard(self, shard: dict, verify: bool) -> list[Sample]:
         file = self.path / shard["file"]
         if not file.is_file():
             raise DataError(f"data shard {file} is missing (listed in {INDEX_FILE}).")
@@ -217,10 +240,18 @@ class TokenDataset:
             tokens, offsets, prompt_lengths = arrays["tokens"], arrays["offsets"], arrays["prompt_lengths"]
         except Exception:
             raise DataError(f"data shard {file} is corrupt (not a readable safetensors shard).") from None
-        if len(offsets) != shard["samples"] + 1 or offsets[-1] != len(tokens):
-            raise DataError(f"data shard {file} is corrupt (offsets do not match its tokens).")
-        for i in range(shard["samples"]):
-            yield Sample(tokens[offsets[i] : offsets[i + 1]], int(prompt_lengths[i]))
+        problem = _shard_problem(tokens, offsets, prompt_lengths, shard["samples"])
+        if problem:
+            raise DataError(f"data shard {file} is corrupt ({problem}).")
+        self.largest_token[shard["file"]] = int(tokens.max()) if len(tokens) else -1
+        return [Sample(tokens[offsets[i] : offsets[i + 1]], int(prompt_lengths[i])) for i in range(shard["samples"])]
+
+    def check_vocabulary(self, vocab_size: int) -> None:
+        """Every token id is a row of the target's embedding (a shard from another target would index past it)."""
+        for file, largest in self.largest_token.items():
+            if largest >= vocab_size:
+                raise DataError(f"data shard {self.path / file} holds token id {largest}, beyond the target's "
+                                f"vocabulary [0, {vocab_size}): expected data made by `dflash data` with this target.")
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -231,3 +262,54 @@ class TokenDataset:
     @property
     def num_tokens(self) -> int:
         return sum(len(s.tokens) for s in self.samples)
+
+
+# ---- checking ------------------------------------------------------------------------------------
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def read_index(path: Path) -> dict:
+    """index.json of a data set with its shard list checked: a corrupt index is one sentence, not a KeyError."""
+    index = read_json_object(path, DataError, "the index.json `dflash data` writes")
+    shards = index.get("shards", [])
+    if not isinstance(shards, list):
+        raise DataError(f"{path}: field 'shards' is a JSON {json_type(shards)}, expected a list of shard entries.")
+    for number, shard in enumerate(shards):
+        problem = _entry_problem(shard)
+        if problem:
+            raise DataError(f"{path}: shard entry {number} {problem}; the data set is corrupt (make it again with "
+                            "`dflash data`).")
+    return index
+
+
+def _entry_problem(shard: object) -> str | None:
+    if not isinstance(shard, dict):
+        return f"is a JSON {json_type(shard)}, expected an object"
+    missing = [k for k in ("file", "samples", "tokens", "sha256") if k not in shard]
+    if missing:
+        return f"has no '{missing[0]}'"
+    file = shard["file"]
+    if not isinstance(file, str) or Path(file).name != file or file in ("", ".", ".."):
+        return f"has file {file!r}, expected the name of a shard file inside the data directory"
+    for key in ("samples", "tokens"):
+        value = shard[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            return f"has {key} {value!r}, expected an integer >= 0"
+    if not isinstance(shard["sha256"], str) or not _SHA256.fullmatch(shard["sha256"]):
+        return f"has sha256 {shard['sha256']!r}, expected 64 lowercase hex digits"
+    return None
+
+
+def _shard_problem(tokens: np.ndarray, offsets: np.ndarray, prompt_lengths: np.ndarray, samples: int) -> str | None:
+    """What is wrong with a shard's arrays, or None (tokens [n], offsets [samples+1], prompt_lengths [samples])."""
+    if any(a.ndim != 1 or not np.issubdtype(a.dtype, np.integer) for a in (tokens, offsets, prompt_lengths)):
+        return "expected 1-D integer arrays tokens, offsets and prompt_lengths"
+    if len(offsets) != samples + 1 or len(prompt_lengths) != samples or offsets[0] != 0 \
+            or offsets[-1] != len(tokens) or np.any(np.diff(offsets) < 0):
+        return "offsets do not match its tokens"
+    if len(tokens) and tokens.min() < 0:
+        return f"negative token id {int(tokens.min())}"
+    if np.any(prompt_lengths < 0) or np.any(prompt_lengths > np.diff(offsets)):
+        return "a prompt length lies outside its sample"
+    return None

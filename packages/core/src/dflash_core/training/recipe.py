@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 
 from ..config import DFlashConfig, build_target_layer_ids
@@ -58,15 +59,19 @@ class TrainConfig:
             (self.draft_layers >= 1, "draft_layers", "an integer >= 1"),
             (self.block_size >= 2, "block_size", "an integer >= 2"),
             (self.anchors >= 1, "anchors", "an integer >= 1"),
-            (self.learning_rate > 0, "learning_rate", "a positive number"),
+            (0 < self.learning_rate < math.inf, "learning_rate", "a positive finite number"),
+            (0 <= self.weight_decay < math.inf, "weight_decay", "a finite number >= 0"),
             (0 <= self.warmup_ratio < 1, "warmup_ratio", "a fraction in [0, 1)"),
-            (self.epochs > 0, "epochs", "a positive number"),
+            (0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "a fraction in [0, 1]"),
+            (0 < self.epochs < math.inf, "epochs", "a positive finite number"),
             (self.max_steps is None or self.max_steps >= 1, "max_steps", "an integer >= 1"),
             (self.batch_size >= 1, "batch_size", "an integer >= 1"),
             (self.grad_accum >= 1, "grad_accum", "an integer >= 1"),
-            (self.grad_clip > 0, "grad_clip", "a positive number"),
+            (0 < self.grad_clip < math.inf, "grad_clip", "a positive finite number"),
             (self.max_length >= self.block_size + 1, "max_length", "more than block_size tokens"),
-            (self.gamma is None or self.gamma > 0, "gamma", "a positive number"),
+            (self.gamma is None or 0 < self.gamma < math.inf, "gamma", "a positive finite number"),
+            (0 < self.init_std < math.inf, "init_std", "a positive finite number"),
+            (0 <= self.seed < 2**64, "seed", "an integer in [0, 2^64)"),
         ]
         for ok, name, expected in checks:
             if not ok:

@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from ..errors import CheckpointError
 from ..fileio import atomic_directory
+from ..textfiles import read_json_object
 
 STATE_FILE = "state.json"
 
@@ -72,15 +73,23 @@ def load_training_state(
     Returns (model_state, meta).
     """
     path = Path(path)
+    record = read_json_object(path / STATE_FILE, CheckpointError, "the state.json `dflash train` writes")
+    meta, opt_meta = record.get("meta"), record.get("optimizer")
+    if not isinstance(meta, dict) or not isinstance(opt_meta, dict):
+        raise CheckpointError(f"{path / STATE_FILE} has no 'meta' and 'optimizer' objects, expected the state.json "
+                              "`dflash train` writes.")
     try:
-        record = json.loads((path / STATE_FILE).read_text())
         model_state = load_file(str(path / "model.safetensors"))
         opt_tensors = load_file(str(path / "optimizer.safetensors"))
-    except (OSError, ValueError, KeyError) as exc:
-        raise CheckpointError(f"training state in {path} is unreadable ({exc}).") from None
+    except Exception as exc:  # OSError or safetensors' own error type
+        raise CheckpointError(f"training state in {path} is unreadable ({' '.join(str(exc).split())}).") from None
     if optimizer is not None:
-        optimizer.load_state_dict(_optimizer_from_flat(opt_tensors, record["optimizer"]))
-    return model_state, record["meta"]
+        try:
+            optimizer.load_state_dict(_optimizer_from_flat(opt_tensors, opt_meta))
+        except (KeyError, ValueError, TypeError, IndexError, AttributeError) as exc:
+            raise CheckpointError(f"training state in {path} holds an optimizer state this run cannot use "
+                                  f"({type(exc).__name__}: {exc}).") from None
+    return model_state, meta
 
 
 def has_training_state(path: str | Path) -> bool:

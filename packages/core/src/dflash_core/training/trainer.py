@@ -21,11 +21,12 @@ from tqdm import tqdm
 
 from ..decoding import generate
 from ..drafter import Drafter
-from ..errors import ConfigError, DataError
+from ..checkpoint import check_weight_values
+from ..errors import CheckpointError, ConfigError, DataError
 from ..pairing import mask_token_for_training
 from ..target import TargetModel
 from .batches import make_batch, micro_positions
-from .train_state import has_training_state, load_training_state, save_training_state
+from .train_state import STATE_FILE, has_training_state, load_training_state, save_training_state
 from .data import TokenDataset
 from .objective import TrainingObjective
 from .recipe import TrainConfig, drafter_config_for
@@ -83,6 +84,7 @@ class Trainer:
                  place: Distributed) -> None:
         self.target, self.data, self.train, self.options, self.place = target, data, train, options, place
         self.tokenizer = tokenizer
+        data.check_vocabulary(target.vocab_size)
         target.model.requires_grad_(False)
         self.mask_id = mask_token_for_training(tokenizer, target)
         self.drafter = Drafter(drafter_config_for(target, self.mask_id, train)).to(place.device)
@@ -111,6 +113,10 @@ class Trainer:
         if not has_training_state(self.state_dir):
             return False
         weights, meta = load_training_state(self.state_dir, self.optimizer)
+        if not (isinstance(meta.get("train"), dict) and isinstance(meta.get("step"), int)
+                and isinstance(meta.get("history"), list)):
+            raise CheckpointError(f"{self.state_dir / STATE_FILE} lacks meta.step, meta.train or meta.history, "
+                                  "expected the state.json `dflash train` writes.")
         differ = self.train.differences(meta["train"])
         if meta.get("drafter") != self.drafter.config.to_dict():
             differ.append("drafter config")
@@ -121,7 +127,11 @@ class Trainer:
                 f"cannot resume from {self.state_dir}: the saved run differs in {', '.join(differ)}; "
                 "use the same settings or another --out."
             )
-        self.drafter.load_state_dict(weights)
+        try:
+            self.drafter.load_state_dict(check_weight_values(weights, str(self.state_dir)))
+        except RuntimeError as exc:  # names or shapes that the saved drafter config promised otherwise
+            raise CheckpointError(f"{self.state_dir}/model.safetensors does not fit the saved drafter config "
+                                  f"({str(exc).splitlines()[0]}).") from None
         self.step = meta["step"]
         self.history = meta["history"]
         self.tau_history = [tuple(t) for t in meta.get("tau_history", [])]
@@ -160,7 +170,8 @@ class Trainer:
             for key in totals:
                 totals[key] += (loss.item() if key == "loss" else stats[key]) / self.train.grad_accum
         if not math.isfinite(totals["loss"]):
-            raise FloatingPointError(f"training loss became {totals['loss']} at step {self.step}")
+            raise ConfigError(f"training loss became {totals['loss']} at step {self.step}: expected a finite loss; "
+                              "lower --lr or --clip (the last checkpoint in --out is kept).")
         torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.train.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from dflash_core.drafter import load_drafter
 from dflash_core.errors import CheckpointError
+from dflash_core.fileio import write_json
 
 from ..errors import VerificationFailed
 from ..output import map_tensors, save_weights
+from ..source import without_remote_code
 from . import Job, mask_token_added
 
 # SGLang and TensorRT-LLM both load the published names (they fuse q/k/v and gate/up themselves);
@@ -29,6 +32,9 @@ def write_published(job: Job, tmp: Path, desc: str) -> list[str]:
     lines = [f"model.safetensors: {len(job.source.tensors)} tensors in {job.dtype}"]
     if mask_token_added(job):
         job.target.tokenizer.save_pretrained(tmp / "tokenizer")
+        settings = tmp / "tokenizer" / "tokenizer_config.json"  # keeps the target's auto_map otherwise
+        if settings.is_file():
+            write_json(settings, without_remote_code(json.loads(settings.read_text(encoding="utf-8"))))
         lines.append(f"tokenizer/: the target's tokenizer with <|MASK|> added as id {job.source.config.mask_token_id}")
     return lines
 

@@ -1,0 +1,121 @@
+"""`dflash bench e2e`'s methods: the runner table, the T=0 comparison with `ar` (and its negative control),
+batch sizes a method cannot run, and one tiny end-to-end run writing JSON, Markdown and PNG files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tiny import save_tiny_pair
+
+from dflash_bench import e2e, methods
+from dflash_bench.methods import DecodeSettings, PromptBatch
+from dflash_cli import main
+from dflash_core import DFlashError
+from dflash_core.loading import load_pair, stop_token_ids
+
+PROMPTS = ["def main(", "import os\n", "x = [1, 2, 3]\nx = ["]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    target, drafter = save_tiny_pair(root)
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    pair = load_pair(target, drafter, dtype="fp32")
+    return root, target, drafter, prompts, pair
+
+
+def _settings(pair, max_new_tokens=8) -> DecodeSettings:
+    return DecodeSettings(max_new_tokens, tuple(stop_token_ids(pair.target, pair.tokenizer)))
+
+
+def test_runner_table_has_the_peers_and_one_signature(tiny):
+    *_, pair = tiny
+    assert {"ar", "dflash", "prompt_lookup"} <= set(methods.RUNNERS)
+    assert set(methods.DEFAULT_METHODS) == {"ar", "dflash", "prompt_lookup"}
+    ids = e2e.encode_prompts(pair, PROMPTS[:1], "cpu")
+    batch = PromptBatch.of(ids, [0], pad_id=0)
+    outputs = {name: runner(pair, batch, _settings(pair)) for name, runner in methods.RUNNERS.items()}
+    for name, run in outputs.items():
+        assert len(run.tokens) == 1 and 1 <= len(run.tokens[0]) <= 8 and run.seconds > 0, name
+        assert run.tokens == outputs["ar"].tokens, name  # fp32, greedy: every method is the target's decoding
+    assert outputs["dflash"].acceptance_lengths is not None
+
+
+def test_prompt_lookup_batch_of_two_is_not_applicable_but_batched_methods_agree(tiny):
+    *_, pair = tiny
+    ids = e2e.encode_prompts(pair, PROMPTS[:2], "cpu")
+    batch = PromptBatch.of(ids, [0, 1], pad_id=0)
+    assert batch.attention_mask[0].tolist() != batch.attention_mask[1].tolist()  # unequal lengths: left padding
+    with pytest.raises(methods.NotApplicable, match="one prompt at a time"):
+        methods.run_prompt_lookup(pair, batch, _settings(pair))
+    ar, spec = methods.run_ar(pair, batch, _settings(pair)), methods.run_dflash(pair, batch, _settings(pair))
+    assert methods.compare_with_reference("dflash", ar, spec, batch.prompts, 2) == []
+
+
+def test_first_difference():
+    assert methods.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert methods.first_difference([1, 2, 3], [1, 9, 3]) == 1
+    assert methods.first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_negative_control_a_flipped_token_is_caught(tiny):
+    """A method that changes one token must be reported with its name, prompt index and position."""
+    *_, pair = tiny
+    runners = {**methods.RUNNERS, "wrong": methods.flip_one_token(methods.run_ar, position=2)}
+    ids = e2e.encode_prompts(pair, PROMPTS[:2], "cpu")
+    comparison = e2e.compare(pair, ids, _settings(pair), methods=["ar", "dflash", "wrong"], runners=runners)
+    assert [(m.method, m.prompt, m.position) for m in comparison.mismatches] == [("wrong", 0, 2), ("wrong", 1, 2)]
+    assert "wrong differs from ar on prompt 0 at new token 2" in comparison.mismatches[0].line()
+    rows = {r["method"]: r for r in e2e.summarize(comparison)}
+    assert rows["dflash"]["identical"] == "2/2" and rows["wrong"]["identical"] == "0/2"
+
+
+def test_fp32_mismatch_fails_the_run_after_writing_the_report(tiny, tmp_path):
+    _, target, drafter, prompts, _ = tiny
+    runners = {**methods.RUNNERS, "dflash": methods.flip_one_token(methods.run_dflash, position=1)}
+    with pytest.raises(e2e.OutputMismatch, match="dflash differs from ar on prompt 0 at new token 1") as caught:
+        e2e.run(tmp_path, [e2e.PairSpec("t", target, drafter)], prompts, prompts=1, max_new_tokens=6,
+                dtypes=("fp32",), methods=["ar", "dflash"], runners=runners)
+    assert caught.value.report.is_file()
+
+
+def test_assisted_without_its_model_is_one_line(tiny, tmp_path, capsys):
+    _, target, drafter, prompts, _ = tiny
+    code = main(["bench", "e2e", "--methods", "ar,assisted", "--pair", f"t={target}:{drafter}",
+                 "--prompts-file", str(prompts), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "assistant" in err and "missing" in err
+    with pytest.raises(DFlashError, match="'beam'"):
+        methods.check_methods(["ar", "beam"], assistant=tmp_path)
+
+
+def test_bench_e2e_writes_json_markdown_and_plots(tiny, tmp_path, capsys):
+    _, target, drafter, prompts, _ = tiny
+    out = tmp_path / "out"
+    code = main(["bench", "e2e", "--methods", "ar,dflash,prompt_lookup", "--batch-sizes", "1,2", "--prompts", "2",
+                 "--max-new-tokens", "8", "--dtypes", "fp32", "--prompts-file", str(prompts),
+                 "--pair", f"t={target}:{drafter}", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    for name in ("e2e.json", "e2e.md", "e2e.png", "e2e_per_prompt.png", "e2e_batch.png"):
+        assert (out / name).stat().st_size > 0, name
+    results = json.loads((out / "e2e.json").read_text())["data"]["results"]
+    by = {(r["batch_size"], r["method"]): r for r in results}
+    assert set(by) == {(b, m) for b in (1, 2) for m in ("ar", "dflash", "prompt_lookup")}
+    assert by[(1, "prompt_lookup")]["identical"] == "2/2" and by[(2, "dflash")]["identical"] == "2/2"
+    assert "batch" in by[(2, "prompt_lookup")]["n/a"]
+    assert len(by[(1, "dflash")]["speedup_per_batch"]) == 2 and by[(1, "dflash")]["tau"] >= 1
+    markdown = (out / "e2e.md").read_text()
+    assert "n/a (" in markdown and "speedup vs ar" in markdown and "Machine:" in markdown
+
+
+def test_demo_ends_with_one_line_comparing_the_three(tiny, capsys):
+    root, *_ = tiny
+    (root / "heldout.jsonl").write_text((root / "prompts.jsonl").read_text())
+    code = main(["demo", "--models", str(root), "--max-new-tokens", "8", "--dtype", "fp32", "--summary-prompts", "0"])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 0 and last.startswith("this prompt: ")
+    assert "DFlash" in last and "target alone" in last and "prompt lookup" in last and last.endswith(": yes")

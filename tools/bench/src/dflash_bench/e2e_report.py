@@ -1,0 +1,94 @@
+"""Writing `dflash bench e2e`'s results: JSON + Markdown (`report.write_report`) and three PNG plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .methods import PROMPT_LOOKUP_TOKENS
+from .report import plot_bars, plot_lines, plot_points, write_report
+
+COLUMNS = ["pair", "dtype", "T", "batch", "method", "tok/s", "speedup vs ar", "per-prompt speedup min / median / max",
+           "tau", "identical to ar"]
+
+ROUNDING_NOTE = ("identical to ar: in reduced precision, scoring several tokens at once and one at a time round the "
+                 "target's logits differently; where its top two tokens tie within that rounding the runs may pick "
+                 "differently, so differences are counted, not failed (fp32 is compared strictly; see "
+                 "docs/benchmarks.md, 'Greedy equality in bf16').")
+
+
+def _config(r: dict) -> str:
+    pair = r["pair"] if r["backend"] == "torch" else f"{r['pair']} ({r['backend']})"
+    return f"{pair} {r['dtype']} T={r['temperature']:g}"
+
+
+def table_row(r: dict) -> list:
+    pair = r["pair"] if r["backend"] == "torch" else f"{r['pair']} ({r['backend']})"
+    head = [pair, r["dtype"], r["temperature"], r["batch_size"], r["method"]]
+    if "n/a" in r:
+        return head + [f"n/a ({r['n/a']})", "", "", "", ""]
+    if r["method"] == "ar":
+        return head + [r["tok_s"], r["speedup"], "", "", ""]
+    spread = f"{r['speedup_min']:.2f} / {r['speedup_median']:.2f} / {r['speedup_max']:.2f}"
+    identical = r["identical"] if r["identical"] is not None else "n/a (T > 0)"
+    return head + [r["tok_s"], r["speedup"], spread, r.get("tau", ""), identical]
+
+
+def _notes(results: list[dict], *, name: str, prompts_file: Path, prompts: int, max_new_tokens: int,
+           rounding_note: bool) -> list[str]:
+    notes = [
+        f"{prompts} held-out prompts from {prompts_file}, up to {max_new_tokens} new tokens each; every method on the "
+        "same target object and dtype; per batch, all methods back to back in an order rotated from batch to batch, "
+        "after one untimed warm-up run of each",
+        "ar: the target alone through DFlash's TargetModel loop, one token per forward (at batch > 1 its rows run one "
+        "after another); dflash: `generate` with its defaults; prompt_lookup: Hugging Face `generate(..., "
+        f"prompt_lookup_num_tokens={PROMPT_LOOKUP_TOKENS})` (wall time); hf_generate: Hugging Face `generate()` "
+        "with no drafts",
+        "per-prompt speedup: one value per prompt at batch 1, per batch of prompts at larger batch sizes; batches "
+        "wrap round to the first prompts to stay full",
+    ]
+    for r in results:
+        if "draft_share" in r:
+            notes.append(f"{r['method']} time, {_config(r)} batch {r['batch_size']}: "
+                         f"draft {100 * r['draft_share']:.0f}%, verify {100 * r['verify_share']:.0f}%, "
+                         f"loop {100 * r['overhead_share']:.0f}% of decode; "
+                         f"prefill {100 * r['prefill_share']:.0f}% of the total; speedup / tau "
+                         f"{r['speedup'] / r['tau']:.2f}")
+    if rounding_note:
+        notes.append(ROUNDING_NOTE)
+    notes.append(f"plots: {name}.png (speedup by method), {name}_per_prompt.png, {name}_batch.png (throughput)")
+    return notes
+
+
+def _plots(out: Path, name: str, title: str, results: list[dict]) -> None:
+    measured = [r for r in results if "n/a" not in r]
+    configs = sorted({_config(r) for r in measured}, key=[_config(r) for r in measured].index)
+    sizes = sorted({r["batch_size"] for r in results})
+
+    def label(r: dict) -> str:
+        parts = ([_config(r)] if len(configs) > 1 else []) + [r["method"]]
+        return " ".join(parts + ([f"b={r['batch_size']}"] if len(sizes) > 1 else []))
+
+    peers = [r for r in measured if r["method"] != "ar"]
+    plot_bars(out / f"{name}.png", f"{title}: speedup over the target alone (ar)", "speedup vs ar",
+              [label(r) for r in peers], [r["speedup"] for r in peers], hline=1.0)
+    plot_points(out / f"{name}_per_prompt.png", "Speedup over ar, one point per prompt (per batch at batch > 1)",
+                "speedup vs ar", {label(r): r["speedup_per_batch"] for r in peers}, hline=1.0)
+    series = {}
+    for r in measured:
+        key = f"{_config(r)} {r['method']}" if len(configs) > 1 else r["method"]
+        xs, ys = series.setdefault(key, ([], []))
+        xs.append(r["batch_size"])
+        ys.append(r["tok_s"])
+    plot_lines(out / f"{name}_batch.png", "Throughput vs batch size (no point where a method cannot run it)",
+               "prompts per batch", "new tokens / s", series)
+
+
+def write(out: Path, name: str, results: list[dict], *, title: str, command: str, prompts_file: Path, prompts: int,
+          max_new_tokens: int, rounding_note: bool) -> Path:
+    """out/name.json (every row, per-batch speedups included), out/name.md and the plots; returns the .md path."""
+    out.mkdir(parents=True, exist_ok=True)
+    _plots(out, name, title, results)
+    notes = _notes(results, name=name, prompts_file=prompts_file, prompts=prompts, max_new_tokens=max_new_tokens,
+                   rounding_note=rounding_note)
+    return write_report(out, name, title=title, command=command, columns=COLUMNS,
+                        rows=[table_row(r) for r in results], data={"results": results}, notes=notes)

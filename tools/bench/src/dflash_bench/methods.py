@@ -1,0 +1,217 @@
+"""The decoding methods `dflash bench e2e` compares: one runner each, all on the same loaded pair.
+
+Every runner has the signature of `Runner`: it decodes one left-padded batch of prompts with
+`pair.target` (the same model object, dtype and device for every method) and returns the new tokens
+of each row and the seconds the decode took. A runner that cannot decode a batch raises
+`NotApplicable` before doing any work; the benchmark then records "n/a (reason)".
+
+Adding a method is one function and one entry in RUNNERS. `assisted` (Hugging Face assisted
+generation with the small draft model `models/demo/assistant` of issue 10) is planned: PLANNED holds
+its description, and `check_methods` refuses it in one line until the model and runner exist. Its
+runner will be `_hf_generate(pair, batch, settings, assistant_model=<loaded once, same dtype>)`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import torch
+
+from dflash_core.autoregressive import generate_autoregressive
+from dflash_core.decoding import generate
+from dflash_core.errors import DFlashError
+from dflash_core.loading import Pair
+from dflash_core.profiling import DecodeProfile, sync_device
+
+PROMPT_LOOKUP_TOKENS = 10
+"""Drafts per step of Hugging Face prompt lookup (`prompt_lookup_num_tokens`), its documented example."""
+
+
+@dataclass(frozen=True)
+class PromptBatch:
+    """Prompts decoded together: left-padded ids and their mask (1 = token, 0 = padding)."""
+
+    input_ids: torch.Tensor  # [b, T]
+    attention_mask: torch.Tensor  # [b, T]
+    prompts: tuple[int, ...]
+    """Which prompt each row is (an index into the benchmark's prompt list)."""
+
+    @classmethod
+    def of(cls, rows: Sequence[Sequence[int]], prompts: Sequence[int], *, pad_id: int,
+           device: str | torch.device = "cpu") -> "PromptBatch":
+        width = max(len(r) for r in rows)
+        ids = torch.tensor([[pad_id] * (width - len(r)) + list(r) for r in rows], dtype=torch.long)
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
+        return cls(ids.to(device), mask.to(device), tuple(prompts))
+
+    @property
+    def size(self) -> int:
+        return self.input_ids.shape[0]
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """What every method is asked to do (identical for all methods of one comparison)."""
+
+    max_new_tokens: int
+    stop_token_ids: tuple[int, ...] = ()
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+
+
+@dataclass
+class MethodRun:
+    """One method on one batch: outputs, time, and what the method can say about its steps."""
+
+    tokens: list[list[int]]
+    """New tokens of each row, up to and including the first stop token."""
+    seconds: float
+    """Wall time of the decode (from a `DecodeProfile` where the method fills one)."""
+    profile: DecodeProfile | None = None
+    acceptance_lengths: list[list[int]] | None = None
+    """Tokens committed per verify step of each row (speculative methods that report them)."""
+
+
+class NotApplicable(Exception):
+    """This method cannot decode this batch (e.g. its batch size); the message says why."""
+
+
+class Runner(Protocol):
+    def __call__(self, pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRun: ...
+
+
+def _sampling(settings: DecodeSettings) -> dict:
+    return {"max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature,
+            "top_p": settings.top_p, "top_k": settings.top_k, "stop_token_ids": list(settings.stop_token_ids),
+            "seed": settings.seed}
+
+
+def run_ar(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRun:
+    """The target alone through DFlash's own TargetModel loop (rows run one after another)."""
+    profile = DecodeProfile()
+    result = generate_autoregressive(pair.target, batch.input_ids, attention_mask=batch.attention_mask,
+                                     profile=profile, **_sampling(settings))
+    return MethodRun(result.tokens, profile.total_s, profile)
+
+
+def run_dflash(pair: Pair, batch: PromptBatch, settings: DecodeSettings, *,
+               draft_length: int | str = "auto") -> MethodRun:
+    """DFlash `generate` (rows decoded together as one batch); bind `draft_length` with functools.partial."""
+    profile = DecodeProfile()
+    result = generate(pair.target, pair.drafter, batch.input_ids, attention_mask=batch.attention_mask,
+                      draft_length=draft_length, profile=profile, **_sampling(settings))
+    return MethodRun(result.tokens, profile.total_s, profile, result.acceptance_lengths)
+
+
+def run_prompt_lookup(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRun:
+    """Hugging Face prompt-lookup decoding: drafts copied from n-gram matches in the context."""
+    return _hf_generate(pair, batch, settings, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS)
+
+
+def run_hf_generate(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRun:
+    """Hugging Face's own `generate()` loop on the target, no drafts (opt-in: a second plain baseline)."""
+    return _hf_generate(pair, batch, settings)
+
+
+RUNNERS: dict[str, Runner] = {"ar": run_ar, "dflash": run_dflash, "prompt_lookup": run_prompt_lookup,
+                              "hf_generate": run_hf_generate}
+DEFAULT_METHODS = ("ar", "dflash", "prompt_lookup")
+PLANNED = {"assisted": "Hugging Face assisted generation with the small draft model models/demo/assistant"}
+
+
+def _hf_generate(pair: Pair, batch: PromptBatch, settings: DecodeSettings, **method) -> MethodRun:
+    stops = list(settings.stop_token_ids)
+    kwargs = {"max_new_tokens": settings.max_new_tokens, "do_sample": settings.temperature > 0,
+              "eos_token_id": stops or None, "pad_token_id": stops[0] if stops else 0, **method}
+    if settings.temperature > 0:
+        kwargs.update(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k)
+        torch.manual_seed(settings.seed)
+    device = pair.target.device
+    sync_device(device)
+    start = time.perf_counter()
+    try:
+        with torch.inference_mode():
+            out = pair.target.model.generate(batch.input_ids, attention_mask=batch.attention_mask, **kwargs)
+    except ValueError as exc:
+        if batch.size > 1 and "batch" in str(exc).lower():  # transformers' own refusal, before any forward
+            import transformers
+
+            raise NotApplicable(f"transformers {transformers.__version__} runs it one prompt at a time "
+                                f"(\"{str(exc).strip()}\")") from None
+        raise
+    sync_device(device)
+    seconds = time.perf_counter() - start
+    width = batch.input_ids.shape[1]
+    return MethodRun([cut_at_stop(row, stops) for row in out[:, width:].tolist()], seconds)
+
+
+def cut_at_stop(tokens: Sequence[int], stops: Sequence[int]) -> list[int]:
+    """Tokens up to and including the first stop token (what follows it in a batch is padding)."""
+    for i, token in enumerate(tokens):
+        if token in stops:
+            return list(tokens[: i + 1])
+    return list(tokens)
+
+
+def check_methods(names: Sequence[str], *, assistant: Path) -> None:
+    """Refuse, in one line, a method that is unknown or cannot run here (before anything loads)."""
+    known = [*RUNNERS, *PLANNED]
+    for name in names:
+        if name not in known:
+            raise DFlashError(f"--methods names {name!r}; expected some of {', '.join(known)}.")
+    if "assisted" in names:
+        if not (assistant / "config.json").is_file():
+            raise DFlashError(f"--methods assisted needs the assistant model {assistant}, which is missing "
+                              "(issue 10: `make models` will train it; leave `assisted` out until then).")
+        raise DFlashError("--methods assisted: the runner is not written yet (issue 10, item 4; see "
+                          "dflash_bench.methods); leave `assisted` out for now.")
+
+
+def first_difference(reference: Sequence[int], tokens: Sequence[int]) -> int | None:
+    """Index of the first new token where `tokens` parts from `reference` (None: identical)."""
+    for i, (a, b) in enumerate(zip(reference, tokens)):
+        if a != b:
+            return i
+    return None if len(reference) == len(tokens) else min(len(reference), len(tokens))
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    method: str
+    prompt: int
+    position: int
+    batch_size: int
+
+    def line(self) -> str:
+        return (f"{self.method} differs from ar on prompt {self.prompt} at new token {self.position} "
+                f"(batch size {self.batch_size})")
+
+
+def compare_with_reference(method: str, reference: MethodRun, run: MethodRun, prompts: Sequence[int],
+                           batch_size: int) -> list[Mismatch]:
+    """One Mismatch per row of `run` whose tokens are not exactly `reference`'s (rows = `prompts`)."""
+    found = []
+    for prompt, ref, got in zip(prompts, reference.tokens, run.tokens, strict=True):
+        position = first_difference(ref, got)
+        if position is not None:
+            found.append(Mismatch(method, prompt, position, batch_size))
+    return found
+
+
+def flip_one_token(runner: Runner, position: int = 2) -> Runner:
+    """A deliberately wrong method (the comparison's negative control): row 0's token at `position` + 1."""
+
+    def wrong(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRun:
+        run = runner(pair, batch, settings)
+        row = run.tokens[0]
+        if len(row) > position:
+            row[position] = (row[position] + 1) % pair.target.vocab_size
+        return run
+
+    return wrong
+
