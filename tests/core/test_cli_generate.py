@@ -60,9 +60,9 @@ def test_sampling_and_bf16(pair, capsys):
 
 @pytest.mark.parametrize("extra,pattern", [
     (["--prompt", "   "], "the prompt is empty"),
-    (["--prompt", "x", "--max-new-tokens", "0"], "max_new_tokens is 0, expected an integer >= 1"),
-    (["--prompt", "x", "--temperature", "-1"], "temperature is -1.0, expected a number >= 0"),
-    (["--prompt", "x", "--top-p", "1.5"], r"top_p is 1.5, expected a value in \(0, 1\]"),
+    (["--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens: got '0', expected an integer >= 1"),
+    (["--prompt", "x", "--temperature", "-1"], "--temperature: got '-1', expected a finite number >= 0"),
+    (["--prompt", "x", "--top-p", "1.5"], r"--top-p: got '1.5', expected a finite number > 0 and <= 1"),
     (["--prompt", "x", "--max-new-tokens", "5000"], "beyond the target's 512 positions"),
     (["--prompt-file", "/nonexistent/prompt.txt"], "does not exist"),
 ])

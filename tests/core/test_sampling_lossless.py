@@ -128,7 +128,7 @@ def test_seed_reproduces_and_varies(pair):
 
 
 @pytest.mark.parametrize("kwargs,pattern", [
-    (dict(temperature=-0.1), r"temperature is -0.1, expected a number >= 0"),
+    (dict(temperature=-0.1), r"temperature is -0.1, expected a finite number >= 0"),
     (dict(top_p=0.0), r"top_p is 0.0, expected a value in \(0, 1\]"),
     (dict(top_p=1.5), r"top_p is 1.5"),
     (dict(top_k=-1), r"top_k is -1, expected an integer >= 0"),

@@ -205,8 +205,8 @@ def test_ddp_two_cpu_processes_keep_identical_replicas(setup, tmp_path):
 @pytest.mark.parametrize("extra,pattern", [
     (["--target-layer-ids", "1,9"], r"expected ids within \[0, 4\) for a 4-layer target"),
     (["--target-layer-ids", "1,x"], r"--target-layer-ids is '1,x', expected comma-separated integers"),
-    (["--block-size", "1"], r"'block_size' is 1, expected an integer >= 2"),
-    (["--anchors", "0"], r"'anchors' is 0, expected an integer >= 1"),
+    (["--block-size", "1"], r"--block-size: got '1', expected an integer >= 2"),
+    (["--anchors", "0"], r"--anchors: got '0', expected an integer >= 1"),
 ])
 def test_bad_training_settings(setup, tmp_path, capsys, extra, pattern):
     import re

@@ -51,7 +51,8 @@ def add_parser(commands) -> None:
     e.add_argument("--prompts-file", type=Path, default=None, help="JSONL prompts (default: demo held-out)")
     e.add_argument("--prompts", type=flags.integer(1), default=16)
     e.add_argument("--max-new-tokens", type=flags.integer(1), default=256)
-    e.add_argument("--dtypes", type=DTYPES, default="bf16")
+    e.add_argument("--dtypes", type=flags.listed(flags.one_of(("auto",) + SHORT_NAMES), "dtypes (auto, "
+                                                   f"{', '.join(SHORT_NAMES)})"), default="auto")
     e.add_argument("--temperatures", type=flags.listed(flags.number(0.0), "finite numbers >= 0"), default="0")
     e.add_argument("--device", type=flags.device, default="cpu", help="torch device of target and drafter")
     e.add_argument("--methods", default="ar,dflash,prompt_lookup",

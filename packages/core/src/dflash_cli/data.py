@@ -35,9 +35,9 @@ def run(args) -> int:
     apply_threads(args.threads)
     prompts = read_prompts(args.prompts)
     read_target_config(Path(args.target))
-    settings = DataSettings(target=target_fingerprint(args.target), prompts=prompts_fingerprint(prompts), responses=args.responses,
-                            max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                            shard_size=args.shard_size)
+    settings = DataSettings(target=target_fingerprint(args.target), prompts=prompts_fingerprint(prompts),
+                            responses=args.responses, max_new_tokens=args.max_new_tokens,
+                            temperature=args.temperature, seed=args.seed, shard_size=args.shard_size)
     guard_output(args.out, [args.target, args.prompts], force=args.force,
                  is_own_state=lambda out: (out / INDEX_FILE).is_file())
     load_or_start_index(args.out, settings)  # a corrupt index or other settings: refused before the target loads

@@ -46,17 +46,18 @@ def run(args) -> int:
     text = read_prompt(args.prompt, args.prompt_file)
     pair = load_pair(args.target, args.drafter, dtype=args.dtype, device=args.device, backend=args.drafter_backend,
                      threads=args.threads)
-    for note in pair.notes:
-        print(f"note: {note}", file=sys.stderr)
     ids = encode_prompt(pair.tokenizer, text, args.device)
     stops = stop_token_ids(pair.target, pair.tokenizer)
     sampling = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k, "seed": args.seed}
+    profile = DecodeProfile()
+    # the request is checked here, before anything is printed: bad input stays one line
+    stream = generate_stream(pair.target, pair.drafter, ids, max_new_tokens=args.max_new_tokens,
+                             stop_token_ids=stops, draft_length=args.draft_length, profile=profile, **sampling)
+    for note in pair.notes:
+        print(f"note: {note}", file=sys.stderr)
     if args.compare_ar:
         warm_up(pair.target, pair.drafter, ids, stops)
     printer = TextStream(pair.tokenizer) if args.stream and not args.json else None
-    profile = DecodeProfile()
-    stream = generate_stream(pair.target, pair.drafter, ids, max_new_tokens=args.max_new_tokens,
-                             stop_token_ids=stops, draft_length=args.draft_length, profile=profile, **sampling)
     for chunk in stream:
         if printer:
             printer.push(chunk[0])

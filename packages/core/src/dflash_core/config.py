@@ -370,7 +370,8 @@ def _validate_rope_scaling(scaling: Mapping[str, Any] | None) -> None:
         return
     kind = scaling.get("rope_type")
     if kind not in STATIC_ROPE_TYPES:
-        raise ConfigError(f"field 'rope_scaling' has rope_type {kind!r}, expected one of {', '.join(STATIC_ROPE_TYPES)}.")
+        raise ConfigError(f"field 'rope_scaling' has rope_type {kind!r}, expected one of "
+                          f"{', '.join(STATIC_ROPE_TYPES)}.")
     for key in ROPE_REQUIRED.get(kind, ()):
         value = scaling.get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):

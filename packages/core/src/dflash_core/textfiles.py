@@ -53,7 +53,8 @@ def read_json_object(path: str | os.PathLike, error: type[DFlashError] = DataErr
     except json.JSONDecodeError as exc:
         raise error(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}){hint}.") from None
     if not isinstance(value, dict):
-        raise error(f"{path} holds a JSON {json_type(value)}, expected an object{f' ({expected})' if expected else ''}.")
+        what = f" ({expected})" if expected else ""
+        raise error(f"{path} holds a JSON {json_type(value)}, expected an object{what}.")
     return value
 
 

@@ -12,6 +12,7 @@ tokens at once and one at a time).
 from __future__ import annotations
 
 import statistics
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
@@ -19,6 +20,7 @@ from typing import Sequence
 import torch
 from tqdm import tqdm
 
+from dflash_core.dtypes import short_name
 from dflash_core.errors import DFlashError
 from dflash_core.loading import Pair, encode_prompt, load_pair, stop_token_ids
 from dflash_core.training.data import read_prompts
@@ -167,8 +169,15 @@ def measure_pair(spec: PairSpec, texts: Sequence[str], *, methods: Sequence[str]
                  batch_sizes: Sequence[int] = (1,), max_new_tokens: int, dtype: str, temperature: float,
                  seed: int = 0, device: str = "cpu", runners: dict[str, Runner] | None = None
                  ) -> tuple[list[dict], list[Mismatch], bool]:
-    """Rows of `summarize` for every batch size, the mismatches, and whether they are failures (fp32)."""
+    """Rows of `summarize` for every batch size, the mismatches, and whether they are failures (fp32).
+
+    dtype "auto" is resolved by `load_pair` (a measured probe); every row records the dtype used.
+    """
     pair = load_pair(spec.target, spec.drafter, dtype=dtype, device=device, backend=spec.backend)
+    used = short_name(pair.target.dtype)
+    dtype = used if dtype != "auto" else f"auto ({used})"
+    for note in pair.notes:
+        print(f"note: {note}", file=sys.stderr)
     stops = tuple(stop_token_ids(pair.target, pair.tokenizer))
     settings = DecodeSettings(max_new_tokens, stops, temperature=temperature, seed=seed)
     prompt_ids = encode_prompts(pair, texts, device)
@@ -176,14 +185,14 @@ def measure_pair(spec: PairSpec, texts: Sequence[str], *, methods: Sequence[str]
     for b in batch_sizes:
         comparison = compare(pair, prompt_ids, settings, methods=methods, batch_size=b, runners=runners,
                              label=f"{spec.label} {dtype} T={temperature:g} batch {b}")
-        rows += summarize(comparison)
+        rows += [row | {"dtype": dtype} for row in summarize(comparison)]
         mismatches += comparison.mismatches
     strict = pair.target.model.dtype == torch.float32
     return rows, mismatches, strict
 
 
 def run(out: Path, pairs: list[PairSpec], prompts_file: Path, *, prompts: int = 16, max_new_tokens: int = 256,
-        dtypes=("bf16",), temperatures=(0.0,), device: str = "cpu", methods: Sequence[str] = DEFAULT_METHODS,
+        dtypes=("auto",), temperatures=(0.0,), device: str = "cpu", methods: Sequence[str] = DEFAULT_METHODS,
         batch_sizes: Sequence[int] = (1,), name: str = "e2e", title: str = "DFlash and its peers vs the target alone",
         command: str = "dflash bench e2e", runners: dict[str, Runner] | None = None) -> Path:
     """Measure, write out/name.{json,md,png} (+ _per_prompt.png, _batch.png); raise OutputMismatch in fp32."""
@@ -199,7 +208,8 @@ def run(out: Path, pairs: list[PairSpec], prompts_file: Path, *, prompts: int = 
                 rows, mismatches, strict = measure_pair(
                     spec, texts, methods=methods, batch_sizes=batch_sizes, max_new_tokens=max_new_tokens,
                     dtype=dtype, temperature=temperature, device=device, runners=runners)
-                config = {"pair": spec.label, "backend": spec.backend, "dtype": dtype, "temperature": temperature}
+                config = {"pair": spec.label, "backend": spec.backend, "dtype": rows[0]["dtype"] if rows else dtype,
+                          "temperature": temperature}
                 results += [config | row for row in rows]
                 failures += [(config, m) for m in mismatches] if strict else []
                 counted |= bool(mismatches) and not strict

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -36,12 +37,24 @@ def write_report(out: Path, name: str, *, title: str, command: str, columns: Seq
     return out / f"{name}.md"
 
 
-def plot_lines(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, tuple[list, list]],
-               hline: float | None = None) -> None:
-    import matplotlib
-
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend, or None where matplotlib is missing (e.g. a bare GPU box)."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("note: matplotlib is not installed: plots skipped (JSON and Markdown are written)", file=sys.stderr)
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_lines(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, tuple[list, list]],
+               hline: float | None = None) -> None:
+    plt = _pyplot()
+    if plt is None:
+        return
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
     for label, (xs, ys) in series.items():
@@ -60,10 +73,9 @@ def plot_lines(path: Path, title: str, xlabel: str, ylabel: str, series: dict[st
 
 def plot_bars(path: Path, title: str, ylabel: str, labels: list[str], values: list[float],
               hline: float | None = None) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
+    if plt is None:
+        return
 
     import textwrap
 
@@ -84,10 +96,9 @@ def plot_bars(path: Path, title: str, ylabel: str, labels: list[str], values: li
 def plot_points(path: Path, title: str, ylabel: str, groups: dict[str, list[float]],
                 hline: float | None = None) -> None:
     """One box per group with every value drawn on it as a point (e.g. one point per prompt)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
+    if plt is None:
+        return
 
     import textwrap
 

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The end-to-end benchmark of `dflash bench e2e` on one CUDA GPU, from a plain checkout of this repo.
+#
+#   tools/bench/gpu/run_bench.sh OUT_DIR            (a few minutes on one GPU; budget: 8)
+#
+# Assumes only torch (CUDA), transformers and safetensors (with their own dependencies: numpy,
+# tokenizers, tqdm, pyyaml); nothing is installed: the packages run from the source tree. Without
+# matplotlib the plots are skipped; the JSON and Markdown are written. Writes into OUT_DIR:
+# e2e.{json,md}, step_cost_{fp32,bf16}.{json,md} and log.txt (everything printed).
+# DEVICE, PROMPTS, TOKENS, BATCHES, REPEATS override the defaults (the test runs it on the CPU, tiny).
+set -euo pipefail
+OUT="${1:?usage: tools/bench/gpu/run_bench.sh OUT_DIR}"
+DEVICE="${DEVICE:-cuda}" PROMPTS="${PROMPTS:-16}" TOKENS="${TOKENS:-192}" BATCHES="${BATCHES:-1,4,16}"
+REPEATS="${REPEATS:-20}" PYTHON="${PYTHON:-python}"
+ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
+export PYTHONPATH="$ROOT/packages/core/src:$ROOT/tools/bench/src:$ROOT/tools/demo/src${PYTHONPATH:+:$PYTHONPATH}"
+export DFLASH_CACHE_DIR="$OUT/cache"
+mkdir -p "$OUT"
+cd "$ROOT"
+{
+  "$PYTHON" -c "import torch, sys; d = sys.argv[1]; assert d == 'cpu' or torch.cuda.is_available(), 'no CUDA device'; \
+print('device:', torch.cuda.get_device_name(0) if d != 'cpu' else 'cpu', '| torch', torch.__version__)" "$DEVICE"
+  for dtype in fp32 bf16; do
+    "$PYTHON" -m dflash_bench.step_cost --device "$DEVICE" --dtype "$dtype" --repeats "$REPEATS" --out "$OUT" \
+        --name "step_cost_$dtype"
+  done
+  "$PYTHON" -m dflash_cli bench e2e --device "$DEVICE" --dtypes fp32,bf16 --methods ar,dflash,prompt_lookup \
+      --batch-sizes "$BATCHES" --prompts "$PROMPTS" --max-new-tokens "$TOKENS" --out "$OUT" --force
+} 2>&1 | tee "$OUT/log.txt"
