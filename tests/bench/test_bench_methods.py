@@ -34,7 +34,7 @@ def _settings(pair, max_new_tokens=8) -> DecodeSettings:
 def test_runner_table_has_the_peers_and_one_signature(tiny):
     *_, pair = tiny
     assert {"ar", "dflash", "prompt_lookup"} <= set(methods.RUNNERS)
-    assert set(methods.DEFAULT_METHODS) == {"ar", "dflash", "prompt_lookup"}
+    assert set(methods.DEFAULT_METHODS) == {"ar", "dflash", "prompt_lookup", "assisted"}
     ids = e2e.encode_prompts(pair, PROMPTS[:1], "cpu")
     batch = PromptBatch.of(ids, [0], pad_id=0)
     outputs = {name: runner(pair, batch, _settings(pair)) for name, runner in methods.RUNNERS.items()}
@@ -119,3 +119,25 @@ def test_demo_ends_with_one_line_comparing_the_three(tiny, capsys):
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 0 and last.startswith("this prompt: ")
     assert "DFlash" in last and "target alone" in last and "prompt lookup" in last and last.endswith(": yes")
+
+
+def test_assisted_generation_with_a_small_assistant_matches_ar(tmp_path, capsys):
+    """`assisted` is Hugging Face assisted generation with the AR model beside the target; greedy == ar."""
+    from tiny import tiny_target
+    from transformers import AutoTokenizer
+
+    target, drafter = save_tiny_pair(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    assistant = tiny_target(vocab=len(tokenizer), hidden=16, layers=1, heads=2, kv_heads=1, seed=5)
+    assistant.generation_config.eos_token_id = tokenizer.eos_token_id
+    assistant.save_pretrained(tmp_path / "assistant")
+    tokenizer.save_pretrained(tmp_path / "assistant")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    out = tmp_path / "out"
+    code = main(["bench", "e2e", "--prompts", "2", "--max-new-tokens", "8", "--dtypes", "fp32",
+                 "--prompts-file", str(prompts), "--pair", f"t={target}:{drafter}", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    rows = json.loads((out / "e2e.json").read_text())["data"]["results"]
+    assisted = [r for r in rows if r["method"] == "assisted"]  # in the default methods: the assistant exists
+    assert assisted and all(r["identical"] == "2/2" for r in assisted), assisted

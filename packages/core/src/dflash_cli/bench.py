@@ -55,8 +55,10 @@ def add_parser(commands) -> None:
                                                    f"{', '.join(SHORT_NAMES)})"), default="auto")
     e.add_argument("--temperatures", type=flags.listed(flags.number(0.0), "finite numbers >= 0"), default="0")
     e.add_argument("--device", type=flags.device, default="cpu", help="torch device of target and drafter")
-    e.add_argument("--methods", default="ar,dflash,prompt_lookup",
-                   help="decoding methods to compare (ar,dflash,prompt_lookup,hf_generate; ar is always run)")
+    e.add_argument("--methods", default=None,
+                   help="decoding methods to compare (ar,dflash,prompt_lookup,assisted,hf_generate; ar is always "
+                        "run); default ar,dflash,prompt_lookup, plus assisted where every pair has an assistant "
+                        "model beside its target")
     e.add_argument("--batch-sizes", type=flags.listed(flags.integer(1), "integers >= 1"), default=[1],
                    help="prompts decoded together, e.g. 1,4,16 (default 1)")
     e.add_argument("--name", type=flags.file_stem, default="e2e")
@@ -108,11 +110,16 @@ def run(args) -> int:
         pairs = _pairs(args, default_models_dir)
         guard_output(args.out, [prompts, *[p.target for p in pairs], *[p.drafter for p in pairs]], force=args.force,
                      is_own_state=_is_results_dir)
+        methods = ["ar", "dflash", "prompt_lookup"]
+        if args.methods is not None:
+            methods = [m.strip() for m in args.methods.split(",")]
+        elif all((p.assistant / "config.json").is_file() for p in pairs):
+            methods.append("assisted")
         try:
             path = e2e.run(args.out, pairs, prompts, prompts=args.prompts,
                            max_new_tokens=args.max_new_tokens, dtypes=args.dtypes,
                            temperatures=args.temperatures, device=args.device,
-                           methods=[m.strip() for m in args.methods.split(",")], batch_sizes=args.batch_sizes,
+                           methods=methods, batch_sizes=args.batch_sizes,
                            name=args.name, title=args.title, command=command)
         except e2e.OutputMismatch as exc:  # not bad input: a decoder broke losslessness (exit 1)
             print(exc.report.read_text())

@@ -26,7 +26,7 @@ from dflash_core.loading import Pair, encode_prompt, load_pair, stop_token_ids
 from dflash_core.training.data import read_prompts
 
 from .methods import (DEFAULT_METHODS, RUNNERS, DecodeSettings, MethodRun, Mismatch, NotApplicable, PromptBatch,
-                      Runner, check_methods, compare_with_reference)
+                      Runner, assisted_runner, check_methods, compare_with_reference)
 
 WARMUP_TOKENS = 8
 
@@ -174,6 +174,8 @@ def measure_pair(spec: PairSpec, texts: Sequence[str], *, methods: Sequence[str]
     dtype "auto" is resolved by `load_pair` (a measured probe); every row records the dtype used.
     """
     pair = load_pair(spec.target, spec.drafter, dtype=dtype, device=device, backend=spec.backend)
+    if "assisted" in methods:  # the assistant lives beside the pair's target
+        runners = (runners or RUNNERS) | {"assisted": assisted_runner(spec.assistant)}
     used = short_name(pair.target.dtype)
     dtype = used if dtype != "auto" else f"auto ({used})"
     for note in pair.notes:

@@ -6,9 +6,9 @@ of each row and the seconds the decode took. A runner that cannot decode a batch
 `NotApplicable` before doing any work; the benchmark then records "n/a (reason)".
 
 Adding a method is one function and one entry in RUNNERS. `assisted` (Hugging Face assisted
-generation with the small draft model `models/demo/assistant` of issue 10) is planned: PLANNED holds
-its description, and `check_methods` refuses it in one line until the model and runner exist. Its
-runner will be `_hf_generate(pair, batch, settings, assistant_model=<loaded once, same dtype>)`.
+generation with a small autoregressive draft model trained on the same corpus and tokenizer,
+`models/demo/assistant`) needs that model, so its runner is made per pair by `assisted_runner(path)`
+(the model is loaded once, in the target's dtype and on its device).
 """
 
 from __future__ import annotations
@@ -118,9 +118,26 @@ def run_hf_generate(pair: Pair, batch: PromptBatch, settings: DecodeSettings) ->
     return _hf_generate(pair, batch, settings)
 
 
+def assisted_runner(assistant_dir: Path) -> Runner:
+    """Hugging Face assisted generation with the AR draft model in `assistant_dir` (loaded on first use)."""
+    loaded: dict[tuple, torch.nn.Module] = {}
+
+    def run_assisted(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRun:
+        key = (pair.target.dtype, str(pair.target.device))
+        if key not in loaded:
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(str(assistant_dir), dtype=pair.target.dtype,
+                                                         use_safetensors=True, trust_remote_code=False)
+            loaded[key] = model.to(pair.target.device).eval()
+        return _hf_generate(pair, batch, settings, assistant_model=loaded[key])
+
+    return run_assisted
+
+
 RUNNERS: dict[str, Runner] = {"ar": run_ar, "dflash": run_dflash, "prompt_lookup": run_prompt_lookup,
                               "hf_generate": run_hf_generate}
-DEFAULT_METHODS = ("ar", "dflash", "prompt_lookup")
+DEFAULT_METHODS = ("ar", "dflash", "prompt_lookup", "assisted")
 PLANNED = {"assisted": "Hugging Face assisted generation with the small draft model models/demo/assistant"}
 
 
@@ -166,10 +183,8 @@ def check_methods(names: Sequence[str], *, assistant: Path) -> None:
             raise DFlashError(f"--methods names {name!r}; expected some of {', '.join(known)}.")
     if "assisted" in names:
         if not (assistant / "config.json").is_file():
-            raise DFlashError(f"--methods assisted needs the assistant model {assistant}, which is missing "
-                              "(issue 10: `make models` will train it; leave `assisted` out until then).")
-        raise DFlashError("--methods assisted: the runner is not written yet (issue 10, item 4; see "
-                          "dflash_bench.methods); leave `assisted` out for now.")
+            raise DFlashError(f"--methods assisted needs the assistant model {assistant} (config.json), which is "
+                              "missing: `make models` trains it; or leave `assisted` out.")
 
 
 def first_difference(reference: Sequence[int], tokens: Sequence[int]) -> int | None:
