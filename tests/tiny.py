@@ -76,10 +76,10 @@ def tiny_tokenizer(vocab_size: int = 300):
     return train_tokenizer([text] * 4, vocab_size=vocab_size)
 
 
-def save_tiny_pair(root, *, block_size: int = 4, drafter_layers: int = 1, seed: int = 0):
+def save_tiny_pair(root, *, block_size: int = 4, drafter_layers: int = 1, seed: int = 0, target_layers: int = 4):
     """Write a tiny target (with tokenizer) and a matching drafter to disk; return both directories."""
     tokenizer = tiny_tokenizer()
-    model = tiny_target(vocab=len(tokenizer), hidden=32, layers=4, seed=seed)
+    model = tiny_target(vocab=len(tokenizer), hidden=32, layers=target_layers, seed=seed)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.eos_token_id
     target_dir, drafter_dir = root / "target", root / "drafter"

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from safetensors.torch import load_file, save_file
+from bad_input.corrupt import DROP, edit_json, edit_tensors, set_tensor, truncate, write_bytes, write_text
 
 OUT = ("--out", "{out}")
 
@@ -32,44 +32,6 @@ class Case:
 
 
 # ---- corrupt-file helpers: each edits one file in place ------------------------------------------
-
-
-def write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-
-
-def write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-
-
-def edit_json(path: Path, **changes: Any) -> None:
-    """Set top-level keys (a value of DROP deletes the key)."""
-    raw = json.loads(path.read_text())
-    for key, value in changes.items():
-        if value is DROP:
-            raw.pop(key, None)
-        else:
-            raw[key] = value
-    path.write_text(json.dumps(raw))
-
-
-DROP = object()
-
-
-def truncate(path: Path, drop_bytes: int) -> None:
-    path.write_bytes(path.read_bytes()[:-drop_bytes])
-
-
-def edit_tensors(path: Path, edit: Callable[[dict[str, torch.Tensor]], None]) -> None:
-    tensors = load_file(str(path))
-    edit(tensors)
-    save_file(tensors, str(path))
-
-
-def set_tensor(name: str, value: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[dict], None]:
-    return lambda tensors: tensors.__setitem__(name, value(tensors[name]))
 
 
 def train_state(root: Path, state: Any | None = None, text: str | None = None) -> Path:

@@ -112,3 +112,20 @@ def rewrite_shard(data: Path, number: int, tokens: Callable[[np.ndarray], np.nda
     save_numpy(arrays, str(file))
     digest = hashlib.sha256(file.read_bytes()).hexdigest()
     edit_index(data, lambda index: index["shards"][number].__setitem__("sha256", digest))
+
+
+# ---- what must not change -------------------------------------------------------------------------
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every path under `root` (links not followed): a file's sha256, a folder's or link's kind."""
+    state = {}
+    for path in sorted(root.rglob("*")):
+        name = str(path.relative_to(root))
+        if path.is_symlink():
+            state[name] = f"link to {path.readlink()}"
+        elif path.is_dir():
+            state[name] = "folder"
+        else:
+            state[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return state

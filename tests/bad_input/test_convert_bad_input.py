@@ -8,13 +8,13 @@ no parent folder created for --out.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import shutil
 from pathlib import Path
 
 import pytest
 from bad_input.convert_cases import CASES, Case
+from bad_input.corrupt import snapshot
 from tiny import save_tiny_pair
 
 from dflash_convert.cli import main
@@ -23,20 +23,6 @@ from dflash_convert.cli import main
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     return save_tiny_pair(tmp_path_factory.mktemp("pair"), block_size=8, drafter_layers=2)
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    """Every path under `root` (links not followed): a file's sha256, a folder's or link's kind."""
-    state = {}
-    for path in sorted(root.rglob("*")):
-        name = str(path.relative_to(root))
-        if path.is_symlink():
-            state[name] = f"link to {path.readlink()}"
-        elif path.is_dir():
-            state[name] = "folder"
-        else:
-            state[name] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return state
 
 
 def run_cli(argv: list[str], capsys) -> tuple[int, str]:

@@ -13,8 +13,6 @@ Placeholders in argv: {root} (the row's directory), {target}, {drafter}, {prompt
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -27,8 +25,8 @@ import torch
 from tiny import save_tiny_pair
 
 from bad_input.corrupt import (DROP, add_tensor, binary, drop_tensors, edit_index, edit_json, edit_tensors,
-                               invalid_utf8, jsonl, rewrite_shard, set_tensor, truncate, write_bytes, write_json,
-                               write_text)
+                               invalid_utf8, jsonl, rewrite_shard, set_tensor, snapshot, truncate, write_bytes,
+                               write_json, write_text)
 from dflash_cli import main
 
 
@@ -364,20 +362,6 @@ def good(tmp_path_factory) -> Path:
                  "--block-size", "4", "--anchors", "2", "--batch-size", "2", "--max-steps", "1", "--no-progress",
                  *fast]) == 0
     return root
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    """Every path under `root`: a file's sha256, a folder's or link's kind."""
-    state = {}
-    for path in sorted(root.rglob("*")):
-        name = str(path.relative_to(root))
-        if path.is_symlink():
-            state[name] = f"link to {os.readlink(path)}"
-        elif path.is_dir():
-            state[name] = "folder"
-        else:
-            state[name] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return state
 
 
 def run_cli(argv: list[str], capsys) -> tuple[int, str]:

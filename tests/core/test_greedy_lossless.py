@@ -190,3 +190,13 @@ def test_auto_draft_length_backs_off_a_drafter_that_never_agrees():
     assert auto.tokens == full.tokens and auto.tokens[0] == target_greedy(model, [3, 5, 7], 60) == [0] * 60
     # after a few tries the policy stops drafting; only its exploration steps (2, 4, 8, ... apart) draft
     assert len(auto.acceptance_lengths[0]) == 59 and len(calls) <= 12, calls
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_target_alone_decodes_a_ragged_batch_like_hugging_face(seed):
+    """The baseline (`generate_autoregressive`, all rows in one batch) is the target's own greedy decoding."""
+    model, _, prompts, max_new, stop = _case(seed)
+    ids, mask = _padded(prompts, left=seed % 2 == 1)
+    result = generate_autoregressive(model, ids, attention_mask=mask, max_new_tokens=max_new, stop_token_ids=stop)
+    for row, prompt in enumerate(prompts):
+        assert result.tokens[row] == target_greedy(model, prompt, max_new, stop), f"row {row}"

@@ -11,7 +11,7 @@ from dflash_core.errors import ConfigError
 from dflash_core.fileio import guard_output
 from dflash_core.loading import load_target, load_tokenizer
 from dflash_core.training.data import read_prompts
-from dflash_core.training.recipe import TrainConfig
+from dflash_core.training.recipe import DISTILL_MODES, TrainConfig
 
 from . import flags
 from .common import add_runtime_args, apply_threads
@@ -27,7 +27,12 @@ def add_parser(commands) -> None:
     d = TrainConfig()
     p.add_argument("--layers", type=flags.integer(1), default=d.draft_layers, help="draft layers")
     p.add_argument("--block-size", type=flags.integer(2), default=d.block_size)
-    p.add_argument("--target-layer-ids", default=None, help="comma-separated target layers (default: reference spacing)")
+    features = p.add_mutually_exclusive_group()
+    features.add_argument("--target-layer-ids", default=None,
+                          help="comma-separated target layers (default: reference spacing)")
+    features.add_argument("--feature-layers", type=flags.integer(1), default=None,
+                          help="how many target layers feed the drafter, evenly spaced by the reference rule "
+                               "(1: the middle layer; the target's layer count: all); default: as many as --layers")
     p.add_argument("--anchors", type=flags.integer(1), default=d.anchors, help="anchor blocks per sequence")
     p.add_argument("--gamma", type=flags.number(above=0.0), default=None,
                    help="loss decay (default: published value for the block)")
@@ -42,6 +47,16 @@ def add_parser(commands) -> None:
     p.add_argument("--clip", type=flags.number(above=0.0), default=d.grad_clip)
     p.add_argument("--max-length", type=flags.integer(3), default=d.max_length)
     p.add_argument("--no-bf16", action="store_true", help="train without bf16 autocast")
+    p.add_argument("--distill", type=flags.one_of(DISTILL_MODES), default=d.distill,
+                   help="labels: hard (the data's tokens), soft (the target's full next-token distribution) or "
+                        "mix ((1-W)*hard + W*soft)")
+    p.add_argument("--distill-weight", type=flags.number(0.0, 1.0), default=d.distill_weight,
+                   help="W, the soft labels' share of the loss with --distill mix")
+    p.add_argument("--distill-temperature", type=flags.number(above=0.0), default=d.distill_temperature,
+                   help="temperature of both distributions in the soft-label term")
+    p.add_argument("--init-from-target", action="store_true",
+                   help="start draft layer i as target layer L-D+i (the last D layers) and the final norm as the "
+                        "target's (Qwen3 layouts only); default: random init")
     p.add_argument("--seed", type=flags.seed, default=d.seed)
     p.add_argument("--checkpoint-every", type=flags.integer(1), default=100)
     p.add_argument("--eval-prompts", default=None, help="JSONL held-out prompts for periodic tau")
@@ -72,7 +87,9 @@ def run(args) -> int:
         args.target_layer_ids), anchors=args.anchors, gamma=args.gamma, learning_rate=args.lr,
         weight_decay=args.weight_decay, warmup_ratio=args.warmup_ratio, epochs=args.epochs, max_steps=args.max_steps,
         batch_size=args.batch_size, grad_accum=args.grad_accum, grad_clip=args.clip, max_length=args.max_length,
-        bf16=not args.no_bf16, seed=args.seed)
+        bf16=not args.no_bf16, seed=args.seed, distill=args.distill, distill_weight=args.distill_weight,
+        distill_temperature=args.distill_temperature, feature_layers=args.feature_layers,
+        init_from_target=args.init_from_target)
     eval_prompts = read_prompts(args.eval_prompts)[: args.eval_count] if args.eval_prompts else []
     inputs = [args.target, args.data] + ([args.eval_prompts] if args.eval_prompts else [])
     # resumable state is OUT/train_state; a published drafter without it is someone's work, kept unless --force

@@ -1,7 +1,7 @@
 """The target alone, one token per forward: the baseline DFlash is measured against.
 
-It runs through the same `TargetModel` forward and cache as the speculative loop, so a speed
-ratio compares decoding strategies, not two different code paths.
+It is the speculative loop itself with no drafter (every step verifies zero drafts), so a speed
+ratio compares decoding strategies, not two code paths, at batch 1 and at larger batches alike.
 """
 
 from __future__ import annotations
@@ -10,20 +10,21 @@ from typing import Sequence
 
 import torch
 
-from .decoding import GenerationResult
-from .profiling import DecodeProfile, PhaseClock
+from .decoding import GenerationResult, _Decoder, _run
+from .profiling import DecodeProfile
 from .request_checks import check_request, split_prompts
-from .sampling import SamplingParams, choose_tokens, make_generator
+from .sampling import SamplingParams, make_generator
 from .target import TargetModel
 
 
-@torch.inference_mode()
 def generate_autoregressive(target, input_ids: torch.Tensor, *, max_new_tokens: int, temperature: float = 0.0,
                             top_p: float = 1.0, top_k: int = 0, stop_token_ids: Sequence[int] | None = None,
                             attention_mask: torch.Tensor | None = None, seed: int | None = None,
                             profile: DecodeProfile | None = None) -> GenerationResult:
-    """Plain decoding of each prompt row (rows run one after another; batch 1 is the usual case).
+    """Plain decoding, one token per forward, all prompt rows together as one (ragged) batch.
 
+    The speculative loop with no drafter: every step is a target forward over one token per row,
+    through the same caches, masks and token choice, so a speed ratio compares strategies only.
     `profile` (opt-in) gets prefill and decode times; every decode step counts as verification.
     """
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
@@ -31,34 +32,13 @@ def generate_autoregressive(target, input_ids: torch.Tensor, *, max_new_tokens: 
     target = TargetModel(target.model if isinstance(target, TargetModel) else target)
     prompts = split_prompts(input_ids, attention_mask)
     check_request(target, prompts, max_new_tokens)
-    stops = frozenset(stop_token_ids or ())
     generator = make_generator(params, seed, target.device)
-    result = GenerationResult([[] for _ in prompts], [[] for _ in prompts], ["length"] * len(prompts))
-    clock = PhaseClock(profile, target.device)
-    for row, prompt in enumerate(prompts):
-        _decode_row(target, prompt, max_new_tokens, params, stops, generator, result, row, clock)
+    decoder = _Decoder(target, None, prompts, max_new_tokens, params, frozenset(stop_token_ids or ()), generator,
+                       0, profile)
+    for _ in _run(decoder):
+        pass
+    result = decoder.result
+    result.acceptance_lengths = [[] for _ in prompts]  # no verify steps: nothing was drafted
     if profile is not None:
-        profile.verify_s = profile.decode_s
+        profile.verify_s, profile.draft_s = profile.verify_s + profile.draft_s, 0.0
     return result
-
-
-def _decode_row(target: TargetModel, prompt: list[int], max_new_tokens: int, params: SamplingParams,
-                stops: frozenset[int], generator, result: GenerationResult, row: int, clock: PhaseClock) -> None:
-    from transformers import DynamicCache
-
-    device = target.device
-    cache = DynamicCache()
-    clock.start()
-    out = target(torch.tensor([prompt], device=device), torch.arange(len(prompt), device=device)[None], cache)
-    token = choose_tokens(target.logits(out.hidden[:, -1]), params, generator)
-    tokens = [int(token.item())]
-    clock.charge("prefill_s")
-    position = len(prompt)
-    while tokens[-1] not in stops and len(tokens) < max_new_tokens:
-        out = target(token.view(1, 1), torch.tensor([[position]], device=device), cache)
-        token = choose_tokens(target.logits(out.hidden[:, -1]), params, generator)
-        tokens.append(int(token.item()))
-        position += 1
-    result.tokens[row] = tokens
-    result.finish_reasons[row] = "stop" if tokens[-1] in stops else "length"
-    clock.charge("decode_s")

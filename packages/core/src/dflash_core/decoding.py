@@ -172,7 +172,7 @@ def _run(decoder: "_Decoder") -> Iterator[list[list[int]]]:
 class _Decoder:
     """One generate() call: owns both caches and the per-row state of the active batch."""
 
-    def __init__(self, target: TargetModel, drafter: DrafterBackend, prompts: list[list[int]], max_new_tokens: int,
+    def __init__(self, target: TargetModel, drafter: DrafterBackend | None, prompts: list[list[int]], max_new_tokens: int,
                  params: SamplingParams, stops: frozenset[int], generator: torch.Generator | None,
                  policy: DraftLengthPolicy | int, profile: DecodeProfile | None) -> None:
         self.target, self.drafter, self.params, self.stops = target, drafter, params, stops
@@ -181,15 +181,16 @@ class _Decoder:
         self.generator, self.profile, self.policy = generator, profile, policy
         self.clock = PhaseClock(profile, self.device)
         batch = len(prompts)
-        self.block = drafter.config.block_size
+        self.block = drafter.config.block_size if drafter is not None else 1  # no drafter: the target alone
         self.result = GenerationResult([[] for _ in prompts], [[] for _ in prompts], ["length"] * batch)
         self.tcache = TargetCache(batch)
-        self.dcache = drafter.new_cache(batch, max(len(p) for p in prompts) + max_new_tokens + self.block)
+        self.dcache = None if drafter is None else drafter.new_cache(
+            batch, max(len(p) for p in prompts) + max_new_tokens + self.block)
         self.rows = _Rows(ids=list(range(batch)), remaining=[max_new_tokens] * batch,
                           last=torch.zeros(batch, dtype=torch.long, device=self.device))
         self.offsets = torch.arange(self.block, device=self.device)
-        self.masks = torch.full((1, self.block - 1), drafter.config.mask_token_id, dtype=torch.long,
-                                device=self.device)
+        mask_id = drafter.config.mask_token_id if drafter is not None else 0
+        self.masks = torch.full((1, self.block - 1), mask_id, dtype=torch.long, device=self.device)
         self.no_drafts = torch.zeros((batch, 0), dtype=torch.long, device=self.device)
 
     def prefill(self) -> list[list[int]]:
@@ -202,7 +203,8 @@ class _Decoder:
         valid = None if min(lengths) == width else positions < torch.tensor(lengths, device=self.device)[:, None]
         out = self.target(ids, positions, self.tcache.cache, self.tcache.attention_mask(self.target, positions, valid))
         self.tcache.commit(width, lengths)
-        self.drafter.extend_cache(self.dcache, out.features, positions, lengths)
+        if self.drafter is not None:
+            self.drafter.extend_cache(self.dcache, out.features, positions, lengths)
         last = out.hidden[torch.arange(len(lengths), device=self.device), torch.tensor(lengths, device=self.device) - 1]
         self.rows.last = choose_tokens(self.target.logits(last), self.params, self.generator)
         emitted = self._emit([[t] for t in self.rows.last.tolist()], verified=False)
@@ -233,7 +235,8 @@ class _Decoder:
         keep = max(counts)
         clock.start()
         # KV injection of the accepted tokens: drafter work, timed as drafting
-        self.drafter.extend_cache(self.dcache, out.features[:, :keep], positions[:, :keep], counts)
+        if self.drafter is not None:
+            self.drafter.extend_cache(self.dcache, out.features[:, :keep], positions[:, :keep], counts)
         clock.charge("draft_s")
         if self.profile is not None:
             self.profile.steps += 1
@@ -241,7 +244,9 @@ class _Decoder:
         return self._emit([h[2 : 2 + h[0]] + [h[1]] for h in host], verified=True)
 
     def _draft_length(self) -> int:
-        """k for this step: the policy's choice (or the fixed one), never more than a row can still emit."""
+        """k for this step: the policy's choice (or the fixed one), never more than a row can still emit.
+
+        Without a drafter the policy is 0: every step is a plain target step over the whole batch."""
         k = self.policy.choose(len(self.rows.ids)) if isinstance(self.policy, DraftLengthPolicy) else self.policy
         return min(k, max(self.rows.remaining) - 1)
 
@@ -278,4 +283,5 @@ class _Decoder:
         if keep:
             rows.last = rows.last[torch.tensor(keep, device=self.device)]
             self.tcache.select_rows(keep)
-            self.dcache.select_rows(keep)
+            if self.dcache is not None:
+                self.dcache.select_rows(keep)

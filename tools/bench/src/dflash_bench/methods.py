@@ -92,7 +92,7 @@ def _sampling(settings: DecodeSettings) -> dict:
 
 
 def run_ar(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRun:
-    """The target alone through DFlash's own TargetModel loop (rows run one after another)."""
+    """The target alone through DFlash's own loop with no drafter (rows decoded together as one batch)."""
     profile = DecodeProfile()
     result = generate_autoregressive(pair.target, batch.input_ids, attention_mask=batch.attention_mask,
                                      profile=profile, **_sampling(settings))

@@ -10,6 +10,8 @@ from ..errors import ConfigError
 
 # published loss decay per block size (reference §3); others fall back to block_size/2 - 1
 PUBLISHED_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
+# what a block position is trained against: the data's token, the target's distribution, or both
+DISTILL_MODES = ("hard", "soft", "mix")
 
 
 def default_gamma(block_size: int) -> float:
@@ -50,6 +52,16 @@ class TrainConfig:
     """bf16 autocast for the drafter (and a bf16 target) where the device supports it."""
     init_std: float = 0.02
     seed: int = 0
+    distill: str = "hard"
+    """Labels: hard (the data's next token), soft (the target's full next-token distribution) or mix."""
+    distill_weight: float = 0.5
+    """Weight W of the soft term in mix: loss = (1-W)*hard + W*soft; in [0, 1]."""
+    distill_temperature: float = 1.0
+    """Temperature T of both distributions in the soft term (which is scaled by T^2); > 0."""
+    feature_layers: int | None = None
+    """How many target layers feed the drafter (evenly spaced); None = as many as draft layers."""
+    init_from_target: bool = False
+    """Initialise draft layer i from target layer L-D+i (the last D target layers) instead of randomly."""
 
     # fields that may change between a run and its resumption
     RESUMABLE_CHANGES = ("max_steps", "epochs")
@@ -72,6 +84,12 @@ class TrainConfig:
             (self.gamma is None or 0 < self.gamma < math.inf, "gamma", "a positive finite number"),
             (0 < self.init_std < math.inf, "init_std", "a positive finite number"),
             (0 <= self.seed < 2**64, "seed", "an integer in [0, 2^64)"),
+            (self.distill in DISTILL_MODES, "distill", f"one of {', '.join(DISTILL_MODES)}"),
+            (0 <= self.distill_weight <= 1, "distill_weight", "a fraction in [0, 1]"),
+            (0 < self.distill_temperature < math.inf, "distill_temperature", "a positive finite number"),
+            (self.feature_layers is None or self.feature_layers >= 1, "feature_layers", "an integer >= 1"),
+            (self.feature_layers is None or self.target_layer_ids is None, "feature_layers",
+             "unset when target_layer_ids are given (one or the other)"),
         ]
         for ok, name, expected in checks:
             if not ok:
@@ -81,25 +99,32 @@ class TrainConfig:
     def loss_gamma(self) -> float:
         return self.gamma if self.gamma is not None else default_gamma(self.block_size)
 
+    @property
+    def soft_weight(self) -> float:
+        """Weight of the soft-label term: 0 for hard labels, 1 for soft, distill_weight for mix."""
+        return {"hard": 0.0, "soft": 1.0}.get(self.distill, self.distill_weight)
+
     def to_dict(self) -> dict:
         data = asdict(self)
         data["target_layer_ids"] = list(self.target_layer_ids) if self.target_layer_ids else None
         return data
 
     def differences(self, saved: dict) -> list[str]:
-        """Names of fields that differ from a saved run's settings (ignoring resumable ones)."""
+        """Names of fields that differ from a saved run's settings (ignoring resumable ones).
+
+        A field the saved run lacks (it predates that field) counts as its default, so runs started
+        before a field existed resume with the behaviour they had.
+        """
         now = self.to_dict()
         return [f.name for f in fields(self) if f.name not in self.RESUMABLE_CHANGES
-                and saved.get(f.name) != now[f.name]]
+                and saved.get(f.name, f.default) != now[f.name]]
 
 
 def drafter_config_for(target, mask_token_id: int, train: TrainConfig) -> DFlashConfig:
     """A drafter shaped like the target's own layers (as the published drafters are)."""
     c = target.config
     layers = target.num_layers
-    # the reference spacing repeats ids when the target is shallow (e.g. 5 draft layers on 6 target
-    # layers); each feature layer is captured once
-    ids = train.target_layer_ids or tuple(sorted(set(build_target_layer_ids(layers, train.draft_layers))))
+    ids = train.target_layer_ids or feature_layer_ids(layers, train.draft_layers, train.feature_layers)
     heads = c.num_attention_heads
     return DFlashConfig(
         hidden_size=target.hidden_size,
@@ -119,3 +144,28 @@ def drafter_config_for(target, mask_token_id: int, train: TrainConfig) -> DFlash
         max_position_embeddings=getattr(c, "max_position_embeddings", 40960),
         dtype="bfloat16",
     )
+
+
+def feature_layer_ids(num_target_layers: int, draft_layers: int, count: int | None) -> tuple[int, ...]:
+    """The target layers that feed the drafter when none are given explicitly.
+
+    count None: the reference spacing for `draft_layers` (repeated ids of a shallow target, e.g. 5 draft
+    layers on 6 target layers, are captured once). count N: N ids by the same rule (1 -> the middle
+    layer, else evenly spaced from 1 to L-3); N = L takes every layer 0..L-1.
+    """
+    if count is None:
+        return tuple(sorted(set(build_target_layer_ids(num_target_layers, draft_layers))))
+    if count == num_target_layers:
+        return tuple(range(num_target_layers))
+    if count > num_target_layers:
+        raise ConfigError(f"feature_layers is {count} but the target has {num_target_layers} layers: expected at "
+                          f"most {num_target_layers}.")
+    shallow = count > 1 and num_target_layers < 4  # no layers between 1 and L-3
+    ids = () if shallow else tuple(sorted(set(build_target_layer_ids(num_target_layers, count))))
+    if len(ids) < count:
+        raise ConfigError(
+            f"feature_layers is {count} but the reference spacing (1 to L-3) of a {num_target_layers}-layer target "
+            f"holds only {len(ids)} distinct layers: expected at most {len(ids)}, or {num_target_layers} for every "
+            "layer (or give target_layer_ids)."
+        )
+    return ids

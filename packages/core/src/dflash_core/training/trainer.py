@@ -28,6 +28,7 @@ from ..target import TargetModel
 from .batches import make_batch, micro_positions
 from .train_state import STATE_FILE, has_training_state, load_training_state, save_training_state
 from .data import TokenDataset
+from .init_from_target import init_from_target
 from .objective import TrainingObjective
 from .recipe import TrainConfig, drafter_config_for
 from .schedule import warmup_cosine
@@ -89,9 +90,12 @@ class Trainer:
         self.mask_id = mask_token_for_training(tokenizer, target)
         self.drafter = Drafter(drafter_config_for(target, self.mask_id, train)).to(place.device)
         self.drafter.reset_parameters(train.init_std, torch.Generator().manual_seed(train.seed))
+        if train.init_from_target:
+            init_from_target(self.drafter, target)
         self.drafter.requires_grad_(True).train()
         target.set_layer_ids(self.drafter.config.target_layer_ids)
-        self.objective = TrainingObjective(self.drafter, target, train.loss_gamma)
+        self.objective = TrainingObjective(self.drafter, target, train.loss_gamma, train.soft_weight,
+                                           train.distill_temperature)
         self.model = self.objective
         if place.world > 1:
             self.model = torch.nn.parallel.DistributedDataParallel(self.objective)
@@ -157,15 +161,19 @@ class Trainer:
             started = time.perf_counter()
             with torch.no_grad():  # target features are recomputed, not stored (see docs/training.md)
                 positions = torch.arange(batch.tokens.shape[1], device=batch.tokens.device).expand_as(batch.tokens)
-                features = self.target(batch.tokens, positions, None, batch.valid.long()).features
+                out = self.target(batch.tokens, positions, None, batch.valid.long())
+            features = out.features
+            # soft labels reuse this forward's final hidden states: the target's LM head over them
+            teacher = out.hidden if self.train.soft_weight > 0 else None
             self.timings["target_s"] += time.perf_counter() - started
             self.timings["feature_tokens"] += int(batch.valid.sum())
             if not self.autocast:
                 features = features.float()
+                teacher = teacher.float() if teacher is not None else None
             sync = micro == self.train.grad_accum - 1 or self.place.world == 1
             with _maybe_no_sync(self.model, sync), torch.autocast(self.place.device.type, dtype=torch.bfloat16,
                                                                   enabled=self.autocast):
-                loss, stats = self.model(features, batch)
+                loss, stats = self.model(features, batch, teacher)
                 (loss / self.train.grad_accum).backward()
             for key in totals:
                 totals[key] += (loss.item() if key == "loss" else stats[key]) / self.train.grad_accum

@@ -1,0 +1,247 @@
+"""The recipe levers of `dflash train`: soft labels, feature layers, init from the target.
+
+Each lever: its math pinned on a hand-sized case, its setting kept in the training state (a resume
+with another value is refused), its output a published-format drafter that loads back exactly and
+still decodes losslessly (greedy == the target alone).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from tiny import save_tiny_pair, tiny_target
+
+from dflash_cli import main
+from dflash_core import TargetModel, generate, load_drafter
+from dflash_core.drafter import Drafter
+from dflash_core.errors import CompatibilityError, ConfigError
+from dflash_core.training.batches import Batch
+from dflash_core.training.data import TokenDataset
+from dflash_core.training.init_from_target import init_from_target
+from dflash_core.training.objective import block_loss, soft_label_kl, teacher_hidden_at_labels, teacher_kl
+from dflash_core.training.recipe import TrainConfig, drafter_config_for, feature_layer_ids
+from dflash_core.training.train_state import load_training_state
+
+FAST = ["--dtype", "fp32", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A 6-layer tiny target (the demo target's depth) and a small target-made data set."""
+    root = tmp_path_factory.mktemp("levers")
+    target, _ = save_tiny_pair(root, target_layers=6)
+    lines = Path(__file__).read_text().splitlines()
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": "\n".join(lines[i:i + 3])}) + "\n" for i in range(0, 32, 2)))
+    data = root / "data"
+    assert main(["data", "--target", str(target), "--prompts", str(prompts), "--out", str(data),
+                 "--max-new-tokens", "24", "--batch-size", "8", "--shard-size", "16", *FAST]) == 0
+    return target, data
+
+
+def _train(target, data, out, *extra):
+    return main(["train", "--target", str(target), "--data", str(data), "--out", str(out), "--block-size", "4",
+                 "--anchors", "6", "--batch-size", "3", "--max-steps", "2", "--save-dtype", "fp32",
+                 "--no-progress", *FAST, *extra])
+
+
+# ---- soft labels: the math by hand ------------------------------------------------------------------
+
+
+def _one_block(labels, valid=(True, True)) -> Batch:
+    """One sequence, one block of size 3 anchored at 0: label positions 1 and 2."""
+    return Batch(tokens=torch.zeros(1, 4, dtype=torch.long), valid=torch.ones(1, 4, dtype=torch.bool),
+                 anchors=torch.zeros(1, 1, dtype=torch.long), anchor_valid=torch.ones(1, 1, dtype=torch.bool),
+                 labels=torch.tensor([[labels]]), label_valid=torch.tensor([[list(valid)]]))
+
+
+def test_soft_label_loss_equals_a_hand_computed_value():
+    # 2 positions, vocabulary 3; logits are log-probabilities, so the distributions are exact
+    student = torch.log(torch.tensor([[[[1 / 3, 1 / 3, 1 / 3], [0.50, 0.25, 0.25]]]]))  # [1, 1, 2, 3]
+    teacher = torch.log(torch.tensor([[[[0.50, 0.25, 0.25], [0.25, 0.25, 0.50]]]]))
+    # KL(p||q) = sum p log(p/q):
+    #   position 1: 0.5 ln(0.5/(1/3)) + 2 * 0.25 ln(0.25/(1/3)) = 0.5 ln 1.5 + 0.5 ln 0.75 = 0.5 ln 1.125
+    #   position 2: 0.25 ln(0.25/0.5) + 0.25 ln 1 + 0.5 ln(0.5/0.25) = 0.25 ln 2
+    # gamma 1: weights w1 = 1, w2 = e^-1; the loss is the weighted mean
+    kl1, kl2 = 0.5 * math.log(1.125), 0.25 * math.log(2.0)
+    soft_by_hand = (kl1 + math.exp(-1) * kl2) / (1 + math.exp(-1))  # 0.089657...
+    assert soft_by_hand == pytest.approx(0.0896573, abs=1e-6)
+    batch = _one_block([0, 2])
+    soft = soft_label_kl(student, teacher, 1.0)
+    assert soft[0, 0].tolist() == pytest.approx([kl1, kl2], abs=1e-6)
+    loss, _ = block_loss(student, batch, 1.0, soft, soft_weight=1.0)
+    assert loss.item() == pytest.approx(soft_by_hand, abs=1e-6)
+    # mix W = 0.25: the hard term is the cross entropy of labels 0 and 2: ln 3 and ln 4
+    hard_by_hand = (math.log(3.0) + math.exp(-1) * math.log(4.0)) / (1 + math.exp(-1))
+    loss, _ = block_loss(student, batch, 1.0, soft, soft_weight=0.25)
+    assert loss.item() == pytest.approx(0.75 * hard_by_hand + 0.25 * soft_by_hand, abs=1e-6)
+    assert block_loss(student, batch, 1.0)[0].item() == pytest.approx(hard_by_hand, abs=1e-6)
+    # a masked position drops out of the mean
+    loss, _ = block_loss(student, _one_block([0, 2], (True, False)), 1.0, soft, soft_weight=1.0)
+    assert loss.item() == pytest.approx(kl1, abs=1e-6)
+    # the chunked teacher path (LM head over hidden states) gives the same term; T^2 scales it
+    head = torch.nn.Linear(3, 3, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(torch.eye(3))
+    assert torch.allclose(teacher_kl(student, teacher, head, 1.0, chunk=1), soft, atol=1e-6)
+    t = 2.0
+    p, q = torch.softmax(teacher / t, -1), torch.softmax(student / t, -1)
+    assert torch.allclose(teacher_kl(student, teacher, head, t), t * t * (p * (p / q).log()).sum(-1), atol=1e-6)
+
+
+def test_soft_labels_read_the_target_state_before_each_label():
+    """Label k of the block at anchor a is predicted from the target's hidden state at a + k - 1."""
+    hidden = torch.arange(10.0)[None, :, None].expand(1, 10, 2)  # position p holds the value p
+    batch = Batch(tokens=torch.zeros(1, 10, dtype=torch.long), valid=torch.ones(1, 10, dtype=torch.bool),
+                  anchors=torch.tensor([[2, 7]]), anchor_valid=torch.ones(1, 2, dtype=torch.bool),
+                  labels=torch.zeros(1, 2, 3, dtype=torch.long), label_valid=torch.ones(1, 2, 3, dtype=torch.bool))
+    got = teacher_hidden_at_labels(hidden, batch)[0, :, :, 0]
+    assert got.tolist() == [[2.0, 3.0, 4.0], [7.0, 8.0, 9.0]]
+
+
+# ---- feature layers and init from the target --------------------------------------------------------
+
+
+def test_feature_layer_ids_follow_the_reference_rule():
+    assert feature_layer_ids(6, 1, None) == (3,) and feature_layer_ids(6, 2, None) == (1, 3)
+    assert feature_layer_ids(6, 3, 1) == (3,)  # independent of the draft depth
+    assert feature_layer_ids(6, 1, 3) == (1, 2, 3)
+    assert feature_layer_ids(6, 1, 6) == (0, 1, 2, 3, 4, 5)
+    with pytest.raises(ConfigError, match="holds only 3 distinct layers"):
+        feature_layer_ids(6, 1, 5)
+    with pytest.raises(ConfigError, match="expected at most 6"):
+        feature_layer_ids(6, 1, 7)
+    with pytest.raises(ConfigError, match="one or the other"):
+        TrainConfig(feature_layers=2, target_layer_ids=(1, 2))
+
+
+def test_settings_of_older_runs_count_as_defaults():
+    """A state saved before the levers existed resumes (its run had today's defaults)."""
+    saved = {k: v for k, v in TrainConfig().to_dict().items()
+             if k not in ("distill", "distill_weight", "distill_temperature", "feature_layers", "init_from_target")}
+    assert TrainConfig().differences(saved) == []
+    assert TrainConfig(distill="soft").differences(saved) == ["distill"]
+
+
+def test_init_from_target_copies_the_last_layers():
+    model = tiny_target(vocab=64, layers=6, seed=1)
+    target = TargetModel(model)
+    drafter = Drafter(drafter_config_for(target, 63, TrainConfig(draft_layers=2)))
+    drafter.reset_parameters(0.02, torch.Generator().manual_seed(0))
+    fc = drafter.fc.weight.clone()
+    assert init_from_target(drafter, target) == [4, 5]
+    for draft_layer, index in zip(drafter.layers, (4, 5)):
+        theirs = dict(model.model.layers[index].named_parameters())
+        assert all(torch.equal(p, theirs[name]) for name, p in draft_layer.named_parameters())
+    assert torch.equal(drafter.norm.weight, model.model.norm.weight) and torch.equal(drafter.fc.weight, fc)
+    llama = TargetModel(tiny_target("llama", vocab=64, layers=6))
+    other = Drafter(drafter_config_for(llama, 63, TrainConfig()))
+    with pytest.raises(CompatibilityError, match=r"target layer 5 \(LlamaDecoderLayer\) lacks self_attn.q_norm"):
+        init_from_target(other, llama)
+    with pytest.raises(ConfigError, match="at most 6 draft layers"):
+        init_from_target(Drafter(drafter_config_for(target, 63, TrainConfig(draft_layers=7))), target)
+
+
+# ---- each lever end to end: state, published format, lossless decoding ------------------------------
+
+LEVERS = {
+    # name: (flags, setting in the state, resume flags that must be refused, field named, feature ids)
+    "soft": (["--distill", "soft"], {"distill": "soft"}, ["--distill", "mix"], "distill", (3,)),
+    "mix": (["--distill", "mix", "--distill-weight", "0.3", "--distill-temperature", "2"],
+            {"distill": "mix", "distill_weight": 0.3, "distill_temperature": 2.0},
+            ["--distill", "mix", "--distill-weight", "0.3"], "distill_temperature", (3,)),
+    "features-3": (["--feature-layers", "3"], {"feature_layers": 3}, ["--feature-layers", "1"], "feature_layers",
+                   (1, 2, 3)),
+    "features-all": (["--feature-layers", "6", "--layers", "2"], {"feature_layers": 6}, ["--layers", "2"],
+                     "feature_layers", (0, 1, 2, 3, 4, 5)),
+    "init": (["--init-from-target", "--layers", "2"], {"init_from_target": True}, ["--layers", "2"],
+             "init_from_target", (1, 3)),
+}
+
+
+@pytest.mark.parametrize("lever", sorted(LEVERS))
+def test_lever_round_trips_and_decodes_losslessly(setup, tmp_path, capsys, lever):
+    target, data = setup
+    flags, settings, changed, field, ids = LEVERS[lever]
+    out = tmp_path / "drafter"
+    assert _train(target, data, out, *flags) == 0
+    weights, meta = load_training_state(out / "train_state")
+    assert meta["step"] == 2 and all(meta["train"][k] == v for k, v in settings.items())
+    assert meta["history"][0] > 0 and all(math.isfinite(x) for x in meta["history"])
+    drafter = load_drafter(out)  # the published format, written in fp32 here
+    assert drafter.config.target_layer_ids == ids and drafter.fc.weight.shape[1] == len(ids) * 32
+    assert json.loads((out / "config.json").read_text())["dflash_config"]["target_layer_ids"] == list(ids)
+    published = load_file(str(out / "model.safetensors"))
+    assert published.keys() == weights.keys() and all(torch.equal(published[k], weights[k]) for k in weights)
+    # the setting is part of the run: resuming with another value is refused, naming it
+    assert _train(target, data, out, "--max-steps", "3", *changed) == 2
+    assert re.search(rf"differs in [a-z_, ]*\b{field}\b", capsys.readouterr().err)
+    # greedy speculative decoding with the trained drafter == the target alone
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target)
+    sample = TokenDataset(data)[3]
+    ids_in = torch.from_numpy(sample.tokens[: sample.prompt_length].astype("int64"))[None]
+    want = model.generate(ids_in, attention_mask=torch.ones_like(ids_in), max_new_tokens=20, do_sample=False,
+                          pad_token_id=0)[0, ids_in.shape[1]:].tolist()
+    assert generate(model, drafter, ids_in, max_new_tokens=20).tokens[0] == want
+    if lever == "init":  # two small steps from the target's last two layers, not from random weights
+        for draft_layer, index in zip(drafter.layers, (4, 5)):
+            source = model.model.layers[index].mlp.down_proj.weight
+            assert (draft_layer.mlp.down_proj.weight - source).abs().max() < 0.02 < source.abs().max()
+
+
+@pytest.mark.parametrize("extra,pattern", [
+    (["--distill", "kl"], r"--distill: got 'kl', expected one of hard, soft, mix"),
+    (["--distill-weight", "1.5"], r"--distill-weight: got '1.5', expected a finite number >= 0 and <= 1"),
+    (["--distill-temperature", "0"], r"--distill-temperature: got '0', expected a finite number > 0"),
+    (["--feature-layers", "0"], r"--feature-layers: got '0', expected an integer >= 1"),
+    (["--feature-layers", "2", "--target-layer-ids", "1,2"], r"--target-layer-ids: not allowed with argument"),
+    (["--feature-layers", "5"], r"feature_layers is 5 but the reference spacing .* holds only 3 distinct layers"),
+])
+def test_bad_lever_settings(setup, tmp_path, capsys, extra, pattern):
+    target, data = setup
+    assert _train(target, data, tmp_path / "d", *extra) == 2
+    err = capsys.readouterr().err
+    assert re.search(pattern, err), err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "d").exists()
+
+
+# ---- anchors: blocks grouped for a cost linear in the anchor count ----------------------------------
+
+
+@pytest.mark.parametrize("group", [1, 3])
+def test_grouped_blocks_equal_one_attention_over_all_blocks(group):
+    """Blocks attended in groups (folded into the batch) == the single masked pass over all blocks."""
+    from tiny import drafter_config, tiny_drafter
+
+    from dflash_core.training.objective import block_hidden
+
+    model = tiny_target(vocab=32, layers=4, seed=3)
+    config = drafter_config(model, layers=2, block_size=6, layer_ids=(1, 2),
+                            layer_types=("full_attention", "sliding_attention"), sliding_window=9)
+    drafter = tiny_drafter(config, seed=3)
+    target = TargetModel(model, drafter.config.target_layer_ids)
+    tokens = torch.randint(0, 30, (2, 40), generator=torch.Generator().manual_seed(0))
+    valid = torch.ones_like(tokens, dtype=torch.bool)
+    valid[1, 33:] = False  # a padded row
+    anchors = torch.tensor([[5, 6, 20, 33], [0, 12, 13, 30]])
+    batch = Batch(tokens, valid, anchors, torch.ones_like(anchors, dtype=torch.bool),
+                  torch.zeros(2, 4, 5, dtype=torch.long), torch.ones(2, 4, 5, dtype=torch.bool))
+    with torch.no_grad():
+        features = target(tokens, torch.arange(40).expand(2, -1), None, valid.long()).features
+    results = []
+    for g in (None, group):
+        hidden = block_hidden(drafter, target, features, batch, g)
+        hidden.square().sum().backward()
+        results.append((hidden.detach(), [p.grad.clone() for p in drafter.parameters()]))
+        drafter.zero_grad(set_to_none=True)
+    (ref, ref_grads), (got, got_grads) = results
+    assert got.shape == ref.shape == (2, 4, 6, 32) and (got - ref).abs().max().item() <= 1e-5
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(got_grads, ref_grads))
