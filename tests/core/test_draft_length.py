@@ -25,8 +25,8 @@ def test_drafter_that_never_accepts_ends_in_plain_steps():
     policy = DraftLengthPolicy(VerifyCostTable(seconds=(1.0, 1.1, 1.2, 1.3), draft_s=0.3))
     chosen = _run(policy, 30, accept=lambda k: 0)
     assert chosen[0] > 0  # the optimistic prior tries the drafter first
-    assert chosen[5:7] == [0, 0]  # five rejected steps are enough
-    assert chosen[5:].count(0) == 25 - 3  # all plain but three exploring retries
+    assert chosen[3:5] == [0, 0]  # three rejected steps are enough
+    assert chosen[3:].count(0) == 27 - 3  # all plain but three exploring retries
 
 
 def test_drafter_that_always_accepts_uses_the_whole_block_on_a_flat_table():
@@ -35,18 +35,19 @@ def test_drafter_that_always_accepts_uses_the_whole_block_on_a_flat_table():
 
 
 @pytest.mark.parametrize("seconds, draft_s, expected", [
-    # E(k) = 1, 1.8, 2.28, 2.64 (p = 0.8, 0.6, 0.75, below)
-    (STEPPED, 0.4, 2),  # T = 1.0, 1.6, 1.8, 2.8 -> E/T = 1.0, 1.125, 1.267, 0.943
-    ((1.0, 1.2, 1.4, 1.5), 0.4, 3),  # T(3) = 1.9 -> E/T = 1.389, the best
-    (STEPPED, 2.0, 0),  # T = 1.0, 3.2, 3.4, 4.4 -> E/T = 1.0, 0.563, 0.671, 0.6
+    # E(k) = 1, 1.8, 2.344, 2.75744 (p = 0.8, 0.68, 0.76, below)
+    (STEPPED, 0.4, 2),  # T = 1.0, 1.6, 1.8, 2.8 -> E/T = 1.0, 1.125, 1.302, 0.985
+    ((1.0, 1.2, 1.4, 1.5), 0.4, 3),  # T(3) = 1.9 -> E/T = 1.451, the best
+    (STEPPED, 2.0, 0),  # T = 1.0, 3.2, 3.4, 4.4 -> E/T = 1.0, 0.563, 0.689, 0.627
 ])
 def test_choose_maximises_tokens_per_second_hand_computed(seconds, draft_s, expected):
     policy = DraftLengthPolicy(VerifyCostTable(seconds=seconds, draft_s=draft_s), memory=1.0)
     policy.observe(3, 3)
     policy.observe(3, 1)
-    # Beta(2, 1) prior: p1 = (2+2)/(2+3), p2 = (1+2)/(2+3) (reached twice, accepted once), p3 = (1+2)/(1+3)
-    assert policy.acceptance() == pytest.approx((0.8, 0.6, 0.75))
-    assert policy.expected_tokens() == pytest.approx((1.0, 1.8, 2.28, 2.64))
+    # p1 = (2 + 2) / (2 + 3) (Beta(2, 1)); each next prior: 3 pseudo-counts at the previous estimate:
+    # p2 = (1 + 3 * 0.8) / (2 + 3) (reached twice, accepted once), p3 = (1 + 3 * 0.68) / (1 + 3)
+    assert policy.acceptance() == pytest.approx((0.8, 0.68, 0.76))
+    assert policy.expected_tokens() == pytest.approx((1.0, 1.8, 2.344, 2.75744))
     assert policy.choose() == expected
 
 
@@ -55,10 +56,11 @@ def test_plain_steps_retry_drafting_after_2_4_8_16_steps_and_notice_a_recovery()
     chosen = _run(policy, 60, accept=lambda k: 0)
     settled = chosen.index(0)
     drafted = [i - settled for i, k in enumerate(chosen) if i >= settled and k > 0]
-    assert drafted == [2, 7, 16, 33]  # gaps of 2, 4, 8, 16 plain steps between retries
+    assert drafted[:4] == [2, 7, 16, 33]  # gaps of 2, 4, 8, 16 plain steps between retries
+    assert len(drafted) <= 7  # and, as old rejections fade (IDLE_MEMORY per plain step), a few more
     recovered = _run(policy, 40, accept=lambda k: k)
     first = next(i for i, k in enumerate(recovered) if k > 0)
-    assert all(k == 3 for k in recovered[first:])  # one good retry brings drafting back for good
+    assert recovered[first] > 0 and all(k == 3 for k in recovered[first + 1:])  # one good retry brings it back
 
 
 def test_trim_cuts_where_a_position_no_longer_pays_hand_computed():

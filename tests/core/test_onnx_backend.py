@@ -8,6 +8,7 @@ from test_greedy_lossless import target_greedy
 from tiny import drafter_config, tiny_drafter, tiny_target
 
 from dflash_core import CheckpointError, CompatibilityError, generate
+from dflash_core.draft_length import DraftLengthPolicy, VerifyCostTable
 from dflash_core.onnx_export import export_onnx
 from dflash_core.ort_drafter import load_onnx_drafter
 
@@ -61,3 +62,32 @@ def test_mismatched_target_is_refused(exported):
     _, _, path = exported
     with pytest.raises(CompatibilityError, match="hidden_size is 32 but the target's is 64"):
         generate(tiny_target(vocab=8, hidden=64), load_onnx_drafter(path), torch.tensor([[1]]), max_new_tokens=2)
+
+
+class _Scripted(DraftLengthPolicy):
+    """A policy that plays a fixed cycle of k (plain steps between drafting steps), for the test only."""
+
+    def __init__(self, block: int, cycle: list[int]) -> None:
+        super().__init__(VerifyCostTable(seconds=(1.0,) * block, draft_s=0.1), block)
+        self.cycle, self.calls = cycle, 0
+
+    def choose(self, rows: int = 1) -> int:
+        self.calls += 1
+        return self.cycle[(self.calls - 1) % len(self.cycle)]
+
+
+@pytest.mark.parametrize("cycle", [[0, 0, 3], [2, 0, 0, 0, 5, 1], [0, 5]])
+def test_mixed_draft_lengths_stay_lossless_on_both_backends(exported, cycle):
+    """Plain steps (k = 0) queue their tokens' features; the next draft injects them all at once."""
+    model, drafter, path = exported
+    onnx_drafter = load_onnx_drafter(path)
+    ids = torch.tensor([[1, 2, 3, 4, 5], [6, 5, 1, 0, 0], [2, 0, 0, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
+    block = drafter.config.block_size
+    fixed = generate(model, drafter, ids, attention_mask=mask, max_new_tokens=40, stop_token_ids=[7],
+                     draft_length=block - 1)
+    for backend in (drafter, onnx_drafter):
+        mixed = generate(model, backend, ids, attention_mask=mask, max_new_tokens=40, stop_token_ids=[7],
+                         draft_length=_Scripted(block, cycle))
+        assert mixed.tokens == fixed.tokens
+        assert max(a for row in mixed.acceptance_lengths for a in row) > 1  # drafts were accepted after plain steps

@@ -192,6 +192,9 @@ class _Decoder:
         mask_id = drafter.config.mask_token_id if drafter is not None else 0
         self.masks = torch.full((1, self.block - 1), mask_id, dtype=torch.long, device=self.device)
         self.no_drafts = torch.zeros((batch, 0), dtype=torch.long, device=self.device)
+        # features [B, 1, F] and positions [B, 1] of plain steps' tokens, injected into the drafter's
+        # context only before the next draft: one projection for many plain steps, none if none follows
+        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def prefill(self) -> list[list[int]]:
         """Run the prompts (right-padded) through the target; fill both caches; commit the first tokens."""
@@ -217,6 +220,8 @@ class _Decoder:
         k = self._draft_length()
         clock.start()
         positions = torch.tensor(self.tcache.lengths, device=self.device)[:, None] + self.offsets[: k + 1]  # [B, k+1]
+        if k:
+            self._inject_pending()
         drafts = self._draft(k) if k else self.no_drafts[: len(rows.ids)]  # [B, k]
         clock.charge("draft_s")
         verify_ids = torch.cat([rows.last[:, None], drafts], dim=1)
@@ -235,13 +240,23 @@ class _Decoder:
         keep = max(counts)
         clock.start()
         # KV injection of the accepted tokens: drafter work, timed as drafting
-        if self.drafter is not None:
+        if self.drafter is not None and k == 0:  # one token per row: wait for the next draft
+            self.pending.append((out.features[:, :1], positions[:, :1]))
+        elif self.drafter is not None:
             self.drafter.extend_cache(self.dcache, out.features[:, :keep], positions[:, :keep], counts)
         clock.charge("draft_s")
         if self.profile is not None:
             self.profile.steps += 1
         rows.last = bonus
         return self._emit([h[2 : 2 + h[0]] + [h[1]] for h in host], verified=True)
+
+    def _inject_pending(self) -> None:
+        """KV injection of the tokens plain steps committed (one per row per step), in one projection."""
+        if self.pending:
+            features = torch.cat([f for f, _ in self.pending], dim=1)  # [B, m, F]
+            positions = torch.cat([p for _, p in self.pending], dim=1)  # [B, m]
+            self.drafter.extend_cache(self.dcache, features, positions, [features.shape[1]] * features.shape[0])
+            self.pending = []
 
     def _draft_length(self) -> int:
         """k for this step: the policy's choice (or the fixed one), never more than a row can still emit.
@@ -285,3 +300,5 @@ class _Decoder:
             self.tcache.select_rows(keep)
             if self.dcache is not None:
                 self.dcache.select_rows(keep)
+                index = torch.tensor(keep, device=self.device)
+                self.pending = [(f.index_select(0, index), p.index_select(0, index)) for f, p in self.pending]

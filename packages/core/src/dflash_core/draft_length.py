@@ -15,8 +15,10 @@ verifying k+1 tokens each is costed as one forward over r*(k+1) tokens (the tabl
 linearly past B), the drafter pass scaled the same way.
 
 Estimates: per draft position i, decayed counts reached[i] (draft i was verified with all before
-it accepted) and accepted[i], with a Beta(2, 1) prior: p_i = (accepted + 2) / (reached + 3), a
-mildly optimistic 2/3 before any evidence, so the drafter is tried first. Counts decay by
+it accepted) and accepted[i]; p_1 = (accepted + 2) / (reached + 3) (a Beta(2, 1) prior, a mildly
+optimistic 2/3 before any evidence, so the drafter is tried first), and each later position's
+prior is its predecessor's estimate with the same 3 pseudo-counts, p_i = (accepted_i + 3 p_{i-1}) /
+(reached_i + 3), so positions not reached yet inherit what the earlier ones showed. Counts decay by
 `memory` (0.9) per observed row, so the estimate follows the last ~10 steps of the request.
 
 Exploration: once the policy settles on k = 0 no drafts are verified and nothing new is learnt,
@@ -41,6 +43,7 @@ from transformers import DynamicCache
 from .target import TargetModel
 
 PRIOR = (2.0, 1.0)  # Beta(accepted, rejected) pseudo-counts per draft position: mean 2/3
+IDLE_MEMORY = 0.98  # evidence kept per plain step: rejections seen 35 plain steps ago weigh half
 
 
 @dataclass(frozen=True)
@@ -195,9 +198,19 @@ class DraftLengthPolicy:
 
     # ---- estimates ---------------------------------------------------------------------------
     def acceptance(self) -> tuple[float, ...]:
-        """p_i for i = 1..B-1: posterior mean of draft i's acceptance given all before it accepted."""
+        """p_i for i = 1..B-1: posterior mean of draft i's acceptance given all before it accepted.
+
+        A chain of priors: position 1 starts from Beta(2, 1) (mean 2/3); position i's prior has the
+        same strength (3 pseudo-counts) around position i-1's estimate. So a position not reached
+        yet is believed no better than the one before it: two rejections of draft 1 make a long
+        block look poor at once, instead of leaving positions 2..B-1 at the optimistic 2/3.
+        """
         a, b = PRIOR
-        return tuple((acc + a) / (n + a + b) for acc, n in zip(self.accepted, self.reached))
+        strength, mean, estimates = a + b, a / (a + b), []
+        for acc, n in zip(self.accepted, self.reached):
+            mean = (acc + strength * mean) / (n + strength)
+            estimates.append(mean)
+        return tuple(estimates)
 
     def expected_tokens(self) -> tuple[float, ...]:
         """E(k) for k = 0..B-1: expected committed tokens when k drafts are verified."""
@@ -236,11 +249,14 @@ class DraftLengthPolicy:
         if not 0 <= accepted <= k_verified <= self.block_size - 1:
             raise ValueError(f"observed {accepted} accepted of {k_verified} verified drafts; expected "
                              f"0 <= accepted <= verified <= {self.block_size - 1}")
-        if k_verified == 0:
-            return  # a plain step says nothing about the drafter
+        # evidence ages: by `memory` per observed drafting row, by IDLE_MEMORY per plain step (which says
+        # nothing about the drafter), so old rejections fade and the drafter is tried again in time
+        decay = IDLE_MEMORY if k_verified == 0 else self.memory
         for i in range(self.block_size - 1):
-            self.reached[i] *= self.memory
-            self.accepted[i] *= self.memory
+            self.reached[i] *= decay
+            self.accepted[i] *= decay
+        if k_verified == 0:
+            return
         for i in range(min(accepted + 1, k_verified)):  # positions 1..a accepted, a+1 (if verified) rejected
             self.reached[i] += 1.0
             self.accepted[i] += 1.0 if i < accepted else 0.0

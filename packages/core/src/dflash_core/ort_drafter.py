@@ -30,6 +30,20 @@ class OrtDraftState:
         self.kv = kv
         self.pending: tuple[torch.Tensor, torch.Tensor, list[int]] | None = None  # features, positions, counts
 
+    def hold(self, features: torch.Tensor, positions: torch.Tensor, counts: list[int]) -> None:
+        """Queue features [B, n, F] at positions [B, n] (row b: its first counts[b]) behind those held."""
+        if self.pending is None:
+            self.pending = (features, positions, counts)
+            return
+        held_f, held_p, held_c = self.pending
+        total = [a + b for a, b in zip(held_c, counts)]
+        merged_f = features.new_zeros(features.shape[0], max(total), features.shape[2])
+        merged_p = positions.new_zeros(positions.shape[0], max(total))
+        for row, (a, b) in enumerate(zip(held_c, counts)):  # pack each row's valid entries to the left
+            merged_f[row, :a], merged_f[row, a:a + b] = held_f[row, :a], features[row, :b]
+            merged_p[row, :a], merged_p[row, a:a + b] = held_p[row, :a], positions[row, :b]
+        self.pending = (merged_f, merged_p, total)
+
     def take_pending(self) -> tuple[torch.Tensor, torch.Tensor, list[int]] | None:
         pending, self.pending = self.pending, None
         return pending
@@ -93,7 +107,7 @@ class OnnxRuntimeDrafter:
     def extend_cache(self, cache: OrtDraftState, target_hidden: torch.Tensor, positions: torch.Tensor,
                      counts: list[int]) -> None:
         """Hold the accepted tokens' features; the next `propose` projects them in-graph."""
-        cache.pending = (target_hidden.to(self.dtype), positions, counts)
+        cache.hold(target_hidden.to(self.dtype), positions, counts)
 
     def propose(self, cache: OrtDraftState, noise_embedding: torch.Tensor, block_positions: torch.Tensor,
                 lm_head, num_drafts: int | None = None) -> torch.Tensor:

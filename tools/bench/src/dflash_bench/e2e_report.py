@@ -39,10 +39,10 @@ def _notes(results: list[dict], *, name: str, prompts_file: Path, prompts: int, 
         f"{prompts} held-out prompts from {prompts_file}, up to {max_new_tokens} new tokens each; every method on the "
         "same target object and dtype; per batch, all methods back to back in an order rotated from batch to batch, "
         "after one untimed warm-up run of each",
-        "ar: the target alone through DFlash's TargetModel loop, one token per forward (at batch > 1 its rows run one "
-        "after another); dflash: `generate` with its defaults; prompt_lookup: Hugging Face `generate(..., "
-        f"prompt_lookup_num_tokens={PROMPT_LOOKUP_TOKENS})` (wall time); hf_generate: Hugging Face `generate()` "
-        "with no drafts",
+        "ar: the target alone through DFlash's own loop with no drafter, one token per row per forward, the batch's "
+        "rows decoded together; dflash: `generate` with its defaults; prompt_lookup: Hugging Face `generate(..., "
+        f"prompt_lookup_num_tokens={PROMPT_LOOKUP_TOKENS})` (wall time); assisted: Hugging Face `generate(..., "
+        "assistant_model=models/demo/assistant)` (wall time); hf_generate: Hugging Face `generate()` with no drafts",
         "per-prompt speedup: one value per prompt at batch 1, per batch of prompts at larger batch sizes; batches "
         "wrap round to the first prompts to stay full",
     ]
