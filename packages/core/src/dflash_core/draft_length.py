@@ -110,14 +110,16 @@ class VerifyCostTable:
 
 
 @torch.inference_mode()
-def measure_cost_table(target, drafter, block_size: int, *, context: int = 64, repeats: int = 3) -> VerifyCostTable:
-    """Times of the target verify forward for q = 1..block_size and of one drafter pass.
+def measure_cost_table(target, drafter, block_size: int, *, context: int = 64, repeats: int = 5) -> VerifyCostTable:
+    """Times of the target verify forward for q = 1..block_size and of one drafting step.
 
     `target` is a TargetModel or a Hugging Face causal LM; both models as they will decode
-    (device, dtype, threads). Each q gets a fresh DynamicCache prefilled with `context` tokens;
-    after each timed forward the cache is cut back to the context. Each time is the fastest of
-    `repeats` after one warm-up run (other work on the machine only ever adds time), and the table
-    is made non-decreasing in q from the right (a forward over more tokens is never cheaper).
+    (device, dtype, threads), after a cached context of `context` tokens. Every item (each q, a
+    drafting step reading out 1 and B-1 drafts) is timed once per round, in `repeats` interleaved
+    rounds after a warm-up round, and keeps its fastest time: a burst of other work on the machine
+    then spoils one round of every item rather than all rounds of one. The table is made
+    non-decreasing in q (a forward over more tokens is never cheaper). A drafting step is what the
+    decoder pays for drafting: the block pass, the read-out and the KV injection of one token.
     """
     if not 1 <= block_size <= drafter.config.block_size:
         raise ValueError(f"block_size {block_size} is outside 1..{drafter.config.block_size} (the drafter's block)")
@@ -129,47 +131,38 @@ def measure_cost_table(target, drafter, block_size: int, *, context: int = 64, r
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, target.vocab_size, (1, context + block_size), generator=generator).to(device)
     positions = torch.arange(context + block_size, device=device)[None]  # [1, C + B]
-    seconds = [_time_verify(target, ids, positions, context, q, repeats) for q in range(1, block_size + 1)]
-    for q in range(block_size - 2, -1, -1):  # more tokens never cost less: a spike at q is noise
-        seconds[q] = min(seconds[q], seconds[q + 1])
-    full = _time_draft(target, drafter, ids, positions, context, block_size, repeats, block_size - 1)
-    one = _time_draft(target, drafter, ids, positions, context, block_size, repeats, 1)
-    head_s = max(0.0, (full - one) / (block_size - 2)) if block_size > 2 else 0.0
-    return VerifyCostTable(seconds=tuple(seconds), draft_s=max(0.0, one - head_s), head_s=head_s)
-
-
-def _time_verify(target: TargetModel, ids: torch.Tensor, positions: torch.Tensor, context: int, q: int,
-                 repeats: int) -> float:
     cache = DynamicCache()
-    target(ids[:, :context], positions[:, :context], cache)
-    times = []
-    for i in range(repeats + 1):  # the first run warms up and is not counted
-        started = time.perf_counter()
-        out = target(ids[:, context : context + q], positions[:, context : context + q], cache)
-        target.logits(out.hidden).argmax(dim=-1)  # [1, q]: the verify step's target choices
-        _sync(target.device)
-        if i:
-            times.append(time.perf_counter() - started)
+    out = target(ids[:, :context], positions[:, :context], cache)
+    dcache = drafter.new_cache(1, context + 2 * block_size + repeats + 2)
+    drafter.extend_cache(dcache, out.features, positions[:, :context], [context])
+    masks = torch.full((1, block_size - 1), drafter.config.mask_token_id, dtype=torch.long, device=device)
+    noise = target.embed(torch.cat([ids[:, context - 1 : context], masks], dim=1))  # [1, B, H]
+
+    def verify(q: int) -> None:
+        hidden = target(ids[:, context : context + q], positions[:, context : context + q], cache).hidden
+        target.logits(hidden).argmax(dim=-1)  # [1, q]: the verify step's target choices
         for layer in cache.layers:  # back to the context (by hand: `crop`'s argument differs by version)
             layer.keys, layer.values = layer.keys[:, :, :context], layer.values[:, :, :context]
-    return min(times)
 
+    def draft(k: int) -> None:
+        drafter.propose(dcache, noise, positions[:, context:], target.logits, k)  # [1, k] drafts
+        drafter.extend_cache(dcache, out.features[:, -1:], positions[:, context - 1 : context], [1])
 
-def _time_draft(target: TargetModel, drafter, ids: torch.Tensor, positions: torch.Tensor, context: int,
-                block_size: int, repeats: int, num_drafts: int) -> float:
-    out = target(ids[:, :context], positions[:, :context], DynamicCache())
-    dcache = drafter.new_cache(1, context + block_size)
-    drafter.extend_cache(dcache, out.features, positions[:, :context], [context])
-    masks = torch.full((1, block_size - 1), drafter.config.mask_token_id, dtype=torch.long, device=target.device)
-    noise = target.embed(torch.cat([ids[:, context - 1 : context], masks], dim=1))  # [1, B, H]
-    times = []
-    for i in range(repeats + 1):
-        started = time.perf_counter()
-        drafter.propose(dcache, noise, positions[:, context:], target.logits, num_drafts)  # [1, num_drafts]
-        _sync(target.device)
-        if i:
-            times.append(time.perf_counter() - started)
-    return min(times)
+    items = [(verify, q) for q in range(1, block_size + 1)] + [(draft, 1), (draft, max(1, block_size - 1))]
+    best = [math.inf] * len(items)
+    for round_ in range(repeats + 1):  # round 0 warms up
+        for i, (run, arg) in enumerate(items):
+            started = time.perf_counter()
+            run(arg)
+            _sync(device)
+            if round_:
+                best[i] = min(best[i], time.perf_counter() - started)
+    seconds = best[:block_size]
+    for q in range(1, block_size):  # more tokens never cost less
+        seconds[q] = max(seconds[q], seconds[q - 1])
+    one, full = best[block_size], best[block_size + 1]
+    head_s = max(0.0, (full - one) / (block_size - 2)) if block_size > 2 else 0.0
+    return VerifyCostTable(seconds=tuple(seconds), draft_s=max(0.0, one - head_s), head_s=head_s)
 
 
 def _sync(device: torch.device) -> None:
