@@ -133,7 +133,7 @@ def measure_cost_table(target, drafter, block_size: int, *, context: int = 64, r
     positions = torch.arange(context + block_size, device=device)[None]  # [1, C + B]
     cache = DynamicCache()
     out = target(ids[:, :context], positions[:, :context], cache)
-    dcache = drafter.new_cache(1, context + 2 * block_size + repeats + 2)
+    dcache = drafter.new_cache(1, context + block_size + 2 * (repeats + 1))  # each draft() injects 1 token
     drafter.extend_cache(dcache, out.features, positions[:, :context], [context])
     masks = torch.full((1, block_size - 1), drafter.config.mask_token_id, dtype=torch.long, device=device)
     noise = target.embed(torch.cat([ids[:, context - 1 : context], masks], dim=1))  # [1, B, H]
