@@ -34,7 +34,7 @@ def _settings(pair, max_new_tokens=8) -> DecodeSettings:
 def test_runner_table_has_the_peers_and_one_signature(tiny):
     *_, pair = tiny
     assert {"ar", "dflash", "prompt_lookup"} <= set(methods.RUNNERS)
-    assert set(methods.DEFAULT_METHODS) == {"ar", "dflash", "prompt_lookup", "assisted"}
+    assert set(methods.DEFAULT_METHODS) == {"ar", "dflash", "dflash_full", "prompt_lookup", "assisted"}
     ids = e2e.encode_prompts(pair, PROMPTS[:1], "cpu")
     batch = PromptBatch.of(ids, [0], pad_id=0)
     outputs = {name: runner(pair, batch, _settings(pair)) for name, runner in methods.RUNNERS.items()}
@@ -110,6 +110,23 @@ def test_bench_e2e_writes_json_markdown_and_plots(tiny, tmp_path, capsys):
     assert len(by[(1, "dflash")]["speedup_per_batch"]) == 2 and by[(1, "dflash")]["tau"] >= 1
     markdown = (out / "e2e.md").read_text()
     assert "n/a (" in markdown and "speedup vs ar" in markdown and "Machine:" in markdown
+
+
+def test_bench_e2e_reports_dflash_full_tau_and_the_cost_model_ceiling(tiny, tmp_path, capsys):
+    _, target, drafter, prompts, _ = tiny
+    out = tmp_path / "out"
+    code = main(["bench", "e2e", "--methods", "ar,dflash,dflash_full", "--prompts", "2", "--max-new-tokens", "12",
+                 "--dtypes", "fp32", "--prompts-file", str(prompts), "--pair", f"t={target}:{drafter}", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    by = {r["method"]: r for r in json.loads((out / "e2e.json").read_text())["data"]["results"]}
+    full, dflash = by["dflash_full"], by["dflash"]
+    assert full["identical"] == "2/2" and full["tau"] >= 1 and "ceiling" not in full
+    block = load_pair(target, drafter, dtype="fp32").drafter.config.block_size
+    assert len(dflash["acceptance_by_position"]) == block - 1
+    assert all(0.0 <= p <= 1.0 for p in dflash["acceptance_by_position"])
+    assert dflash["ceiling"] >= 1.0 and 0 <= dflash["ceiling_k"] < block
+    assert dflash["of_ceiling"] == pytest.approx(dflash["speedup"] / dflash["ceiling"])
+    assert "cost-model ceiling" in (out / "e2e.md").read_text()
 
 
 def test_demo_ends_with_one_line_comparing_the_three(tiny, capsys):

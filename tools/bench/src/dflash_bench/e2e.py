@@ -20,11 +20,14 @@ from typing import Sequence
 import torch
 from tqdm import tqdm
 
+from dflash_core.decoding import as_target
+from dflash_core.draft_length import cost_table_for
 from dflash_core.dtypes import short_name
 from dflash_core.errors import DFlashError
 from dflash_core.loading import Pair, encode_prompt, load_pair, stop_token_ids
 from dflash_core.training.data import read_prompts
 
+from .ceiling import acceptance_by_position, ceiling_speedup
 from .methods import (DEFAULT_METHODS, RUNNERS, DecodeSettings, MethodRun, Mismatch, NotApplicable, PromptBatch,
                       Runner, assisted_runner, check_methods, compare_with_reference)
 
@@ -134,6 +137,24 @@ def summarize(comparison: Comparison) -> list[dict]:
     return rows
 
 
+def add_ceiling(rows: list[dict], comparison: Comparison, pair: Pair) -> None:
+    """On the dflash row: the cost model's ceiling for dflash_full's acceptance and the share reached.
+
+    Needs both methods in the comparison (dflash_full observes every block position); the cost table
+    is the one `generate`'s draft-length policy used (`cost_table_for`, cached per machine and pair).
+    """
+    full = comparison.runs.get("dflash_full")
+    dflash = next((r for r in rows if r["method"] == "dflash" and "n/a" not in r), None)
+    if not full or dflash is None:
+        return
+    acceptance = acceptance_by_position([row for run in full for row in run.acceptance_lengths],
+                                        pair.drafter.config.block_size)
+    costs = cost_table_for(as_target(pair.target, pair.drafter), pair.drafter)
+    ceiling, best_k = ceiling_speedup(costs, acceptance, comparison.batch_size)
+    dflash.update(acceptance_by_position=[round(p, 4) for p in acceptance], ceiling=ceiling, ceiling_k=best_k,
+                  of_ceiling=dflash["speedup"] / ceiling)
+
+
 def _count(run: MethodRun) -> int:
     return sum(len(t) for t in run.tokens)
 
@@ -187,7 +208,9 @@ def measure_pair(spec: PairSpec, texts: Sequence[str], *, methods: Sequence[str]
     for b in batch_sizes:
         comparison = compare(pair, prompt_ids, settings, methods=methods, batch_size=b, runners=runners,
                              label=f"{spec.label} {dtype} T={temperature:g} batch {b}")
-        rows += [row | {"dtype": dtype} for row in summarize(comparison)]
+        summary = summarize(comparison)
+        add_ceiling(summary, comparison, pair)
+        rows += [row | {"dtype": dtype} for row in summary]
         mismatches += comparison.mismatches
     strict = pair.target.model.dtype == torch.float32
     return rows, mismatches, strict

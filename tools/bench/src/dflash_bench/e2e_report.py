@@ -8,7 +8,7 @@ from .methods import PROMPT_LOOKUP_TOKENS
 from .report import plot_bars, plot_lines, plot_points, write_report
 
 COLUMNS = ["pair", "dtype", "T", "batch", "method", "tok/s", "speedup vs ar", "per-prompt speedup min / median / max",
-           "tau", "identical to ar"]
+           "tau", "cost-model ceiling (share reached)", "identical to ar"]
 
 ROUNDING_NOTE = ("identical to ar: in reduced precision, scoring several tokens at once and one at a time round the "
                  "target's logits differently; where its top two tokens tie within that rounding the runs may pick "
@@ -25,12 +25,13 @@ def table_row(r: dict) -> list:
     pair = r["pair"] if r["backend"] == "torch" else f"{r['pair']} ({r['backend']})"
     head = [pair, r["dtype"], r["temperature"], r["batch_size"], r["method"]]
     if "n/a" in r:
-        return head + [f"n/a ({r['n/a']})", "", "", "", ""]
+        return head + [f"n/a ({r['n/a']})", "", "", "", "", ""]
     if r["method"] == "ar":
-        return head + [r["tok_s"], r["speedup"], "", "", ""]
+        return head + [r["tok_s"], r["speedup"], "", "", "", ""]
     spread = f"{r['speedup_min']:.2f} / {r['speedup_median']:.2f} / {r['speedup_max']:.2f}"
     identical = r["identical"] if r["identical"] is not None else "n/a (T > 0)"
-    return head + [r["tok_s"], r["speedup"], spread, r.get("tau", ""), identical]
+    ceiling = f"{r['ceiling']:.2f}x ({100 * r['of_ceiling']:.0f}%, k={r['ceiling_k']})" if "ceiling" in r else ""
+    return head + [r["tok_s"], r["speedup"], spread, r.get("tau", ""), ceiling, identical]
 
 
 def _notes(results: list[dict], *, name: str, prompts_file: Path, prompts: int, max_new_tokens: int,
@@ -40,9 +41,13 @@ def _notes(results: list[dict], *, name: str, prompts_file: Path, prompts: int, 
         "same target object and dtype; per batch, all methods back to back in an order rotated from batch to batch, "
         "after one untimed warm-up run of each",
         "ar: the target alone through DFlash's own loop with no drafter, one token per row per forward, the batch's "
-        "rows decoded together; dflash: `generate` with its defaults; prompt_lookup: Hugging Face `generate(..., "
+        "rows decoded together; dflash: `generate` with its defaults; dflash_full: `generate` verifying the whole block every "
+        "step (its tau is the drafter's acceptance at block B); prompt_lookup: Hugging Face `generate(..., "
         f"prompt_lookup_num_tokens={PROMPT_LOOKUP_TOKENS})` (wall time); assisted: Hugging Face `generate(..., "
         "assistant_model=models/demo/assistant)` (wall time); hf_generate: Hugging Face `generate()` with no drafts",
+        "cost-model ceiling: max over k of E(k) T(0) / T(k), with E(k) from dflash_full's acceptance per block "
+        "position and T(k) from the machine's cost table (the one dflash's draft-length policy uses): the best speedup "
+        "any loop could reach with this drafter on this machine; share reached = dflash's speedup / ceiling",
         "per-prompt speedup: one value per prompt at batch 1, per batch of prompts at larger batch sizes; batches "
         "wrap round to the first prompts to stay full",
     ]

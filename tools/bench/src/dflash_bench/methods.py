@@ -108,6 +108,11 @@ def run_dflash(pair: Pair, batch: PromptBatch, settings: DecodeSettings, *,
     return MethodRun(result.tokens, profile.total_s, profile, result.acceptance_lengths)
 
 
+def run_dflash_full(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRun:
+    """DFlash verifying the whole block every step (k = B-1): the drafter's own acceptance, tau at block B."""
+    return run_dflash(pair, batch, settings, draft_length=pair.drafter.config.block_size - 1)
+
+
 def run_prompt_lookup(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRun:
     """Hugging Face prompt-lookup decoding: drafts copied from n-gram matches in the context."""
     return _hf_generate(pair, batch, settings, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS)
@@ -135,9 +140,9 @@ def assisted_runner(assistant_dir: Path) -> Runner:
     return run_assisted
 
 
-RUNNERS: dict[str, Runner] = {"ar": run_ar, "dflash": run_dflash, "prompt_lookup": run_prompt_lookup,
-                              "hf_generate": run_hf_generate}
-DEFAULT_METHODS = ("ar", "dflash", "prompt_lookup", "assisted")
+RUNNERS: dict[str, Runner] = {"ar": run_ar, "dflash": run_dflash, "dflash_full": run_dflash_full,
+                              "prompt_lookup": run_prompt_lookup, "hf_generate": run_hf_generate}
+DEFAULT_METHODS = ("ar", "dflash", "dflash_full", "prompt_lookup", "assisted")
 PLANNED = {"assisted": "Hugging Face assisted generation with the small draft model models/demo/assistant"}
 
 

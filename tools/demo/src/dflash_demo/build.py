@@ -97,21 +97,23 @@ def build_prompts(work: Path, out: Path, recipe: DemoRecipe) -> tuple[Path, Path
     return train, heldout
 
 
-def build_data(work: Path, out: Path, train_prompts: Path, recipe: DemoRecipe) -> Path:
+def build_data(work: Path, out: Path, train_prompts: Path, recipe: DemoRecipe, *, device: str = "cpu",
+               batch_size: int = 64) -> Path:
     from dflash_core.loading import load_target, load_tokenizer
     from dflash_core.training.data import DataSettings, generate_responses, prompts_fingerprint, read_prompts, target_fingerprint
 
     data = work / "data"
-    target = load_target(out / "target", (), "bf16")
+    target = load_target(out / "target", (), "bf16", device)
     prompts = read_prompts(train_prompts)
     settings = DataSettings(target=target_fingerprint(out / "target"), prompts=prompts_fingerprint(prompts),
                             responses=recipe.responses, max_new_tokens=recipe.response_tokens, seed=0)
-    generate_responses(target.model, load_tokenizer(out / "target"), prompts, data, settings, batch_size=64)
+    generate_responses(target.model, load_tokenizer(out / "target"), prompts, data, settings, batch_size=batch_size)
     return data
 
 
 def build_drafter(work: Path, out: Path, data: Path, heldout: Path, recipe: DemoRecipe, layers: int | None = None,
-                  block_size: int | None = None, run_name: str = "drafter_run") -> Path:
+                  block_size: int | None = None, run_name: str = "drafter_run", *, device: str = "cpu",
+                  eval_max_new_tokens: int = 128) -> Path:
     from dflash_core.loading import load_target, load_tokenizer
     from dflash_core.training.data import read_prompts
     from dflash_core.training.trainer import Distributed, RunOptions, Trainer, load_data
@@ -119,9 +121,10 @@ def build_drafter(work: Path, out: Path, data: Path, heldout: Path, recipe: Demo
     train = recipe.train_config(layers, block_size)
     run = work / run_name
     options = RunOptions(out=run, checkpoint_every=50, eval_every=recipe.eval_every,
-                         eval_prompts=read_prompts(heldout)[: recipe.eval_prompts], eval_max_new_tokens=128)
-    trainer = Trainer(load_target(out / "target", (), "bf16"), load_tokenizer(out / "target"), load_data(data),
-                      train, options, Distributed())
+                         eval_prompts=read_prompts(heldout)[: recipe.eval_prompts],
+                         eval_max_new_tokens=eval_max_new_tokens)
+    trainer = Trainer(load_target(out / "target", (), "bf16", device), load_tokenizer(out / "target"), load_data(data),
+                      train, options, Distributed(device=torch.device(device)))
     report = trainer.run()
     timings = report["timings"]
     recompute = {  # the store-vs-recompute evidence of docs/training.md (zero for a run already finished)

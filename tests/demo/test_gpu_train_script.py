@@ -1,0 +1,32 @@
+"""The GPU training script runs the demo recipe from the source tree alone (here on the CPU, tiny)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from dflash_core.loading import load_pair
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_gpu_train_script_writes_a_drafter_and_heldout_tau(tmp_path):
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "DEVICE": "cpu", "TRAIN_PROMPTS": "4",
+           "RESPONSE_TOKENS": "24", "EPOCHS": "1", "EVAL_PROMPTS": "2", "EVAL_TOKENS": "8",
+           "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", str(ROOT / "tools/demo/gpu/train_drafter.sh"), str(out)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    summary = json.loads((out / "tau.json").read_text())
+    for dtype in ("fp32", "bf16"):
+        for temperature in ("T=0", "T=1"):
+            assert 1.0 <= summary["tau"][dtype][temperature] <= 16.0
+    assert summary["heldout_prompts"] == 2 and summary["recipe"]["train_prompts"] == 4
+    assert set(summary["seconds"]) == {"prompts_s", "data_s", "train_s", "tau_s", "total_s"}
+    assert "held-out tau" in (out / "log.txt").read_text() or "train_s" in (out / "log.txt").read_text()
+    pair = load_pair(ROOT / "models/demo/target", out / "work/drafter_run", dtype="fp32")  # the published format
+    assert pair.drafter.config.block_size == 16

@@ -1,0 +1,107 @@
+"""The demo drafter's recipe on one CUDA GPU: prompts -> target-regenerated data -> drafter -> held-out tau.
+
+    tools/demo/gpu/train_drafter.sh OUT_DIR        (budget: 8 minutes on one GPU)
+
+The same `DemoRecipe` and stages as `make models` (`dflash_demo.build`), with the device chosen and the
+data-generation batch sized for a GPU; the drafter is written in the published format. OUT gets:
+  work/            training prompts (standard-library train split) and the regenerated data
+  work/drafter_run the drafter (config.json + model.safetensors) and its resumable train_state/
+  tau.json         held-out tau at block B (whole block verified every step), greedy and T=1, fp32 and bf16,
+                   with the time of every stage
+The held-out prompts are `models/demo/heldout.jsonl` (files of the held-out split, never trained on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from dflash_core.decoding import generate
+from dflash_core.fileio import write_json
+from dflash_core.loading import encode_prompt, load_pair, stop_token_ids
+from dflash_core.training.data import read_prompts
+
+from .build import DemoRecipe, build_data, build_drafter, write_jsonl
+from .corpus import split_corpus
+from .paths import default_models_dir
+from .prompts import code_prompts
+
+
+def heldout_tau(target: Path, drafter: Path, prompts: list[str], *, max_new_tokens: int, device: str) -> dict:
+    """tau per dtype and temperature: mean tokens committed per step with every draft of the block verified."""
+    taus: dict[str, dict[str, float]] = {}
+    for dtype in ("fp32", "bf16"):
+        pair = load_pair(target, drafter, dtype=dtype, device=device)
+        stops = stop_token_ids(pair.target, pair.tokenizer)
+        full = pair.drafter.config.block_size - 1
+        for temperature in (0.0, 1.0):
+            lengths = []
+            for i, text in enumerate(tqdm(prompts, desc=f"held-out tau {dtype} T={temperature:g}", leave=False)):
+                ids = encode_prompt(pair.tokenizer, text, device)
+                result = generate(pair.target, pair.drafter, ids, max_new_tokens=max_new_tokens, draft_length=full,
+                                  temperature=temperature, seed=i, stop_token_ids=stops)
+                lengths += result.acceptance_lengths[0]
+            taus.setdefault(dtype, {})[f"T={temperature:g}"] = round(sum(lengths) / max(1, len(lengths)), 3)
+    return taus
+
+
+def main(argv: list[str] | None = None) -> int:
+    recipe = DemoRecipe()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path, help="output folder (resumes a run already there)")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--models", type=Path, default=None, help="demo models folder (default: found upwards)")
+    parser.add_argument("--train-prompts", type=int, default=recipe.train_prompts)
+    parser.add_argument("--response-tokens", type=int, default=recipe.response_tokens)
+    parser.add_argument("--epochs", type=float, default=recipe.epochs)
+    parser.add_argument("--data-batch", type=int, default=256, help="prompts per target generate() batch")
+    parser.add_argument("--eval-prompts", type=int, default=24, help="held-out prompts for the final tau")
+    parser.add_argument("--eval-tokens", type=int, default=128, help="new tokens per held-out prompt")
+    args = parser.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: no CUDA device is visible (torch {torch.__version__})")
+    models = args.models or default_models_dir()
+    recipe = replace(recipe, train_prompts=args.train_prompts, response_tokens=args.response_tokens,
+                     epochs=args.epochs, eval_prompts=min(recipe.eval_prompts, args.eval_prompts))
+    work, times, started = args.out / "work", {}, time.perf_counter()
+    work.mkdir(parents=True, exist_ok=True)
+
+    def stage(name: str, begun: float) -> None:
+        times[name] = round(time.perf_counter() - begun, 1)
+        print(f"{name}: {times[name]} s", flush=True)
+
+    begun = time.perf_counter()
+    train_prompts = work / "train_prompts.jsonl"
+    if not train_prompts.is_file():  # the standard library's train split only: held-out files never appear
+        split = split_corpus()
+        write_jsonl(train_prompts, code_prompts(split, split.train, recipe.train_prompts, seed=2))
+    stage("prompts_s", begun)
+    begun = time.perf_counter()
+    data = build_data(work, models, train_prompts, recipe, device=args.device, batch_size=args.data_batch)
+    stage("data_s", begun)
+    begun = time.perf_counter()
+    run = build_drafter(work, models, data, models / "heldout.jsonl", recipe, device=args.device,
+                        eval_max_new_tokens=args.eval_tokens)
+    stage("train_s", begun)
+    begun = time.perf_counter()
+    heldout = read_prompts(models / "heldout.jsonl")[: args.eval_prompts]
+    taus = heldout_tau(models / "target", run, heldout, max_new_tokens=args.eval_tokens, device=args.device)
+    stage("tau_s", begun)
+    device_name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu"
+    summary = {"device": device_name, "torch": torch.__version__, "drafter": str(run), "recipe": recipe.__dict__,
+               "heldout_prompts": len(heldout), "max_new_tokens": args.eval_tokens,
+               "block_size": recipe.block_size, "tau": taus, "seconds": times | {
+                   "total_s": round(time.perf_counter() - started, 1)}}
+    write_json(args.out / "tau.json", summary)
+    print(json.dumps(summary["tau"] | {"total_s": summary["seconds"]["total_s"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
