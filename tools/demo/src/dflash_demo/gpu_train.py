@@ -20,35 +20,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
-
-from dflash_core.decoding import generate
 from dflash_core.fileio import write_json
-from dflash_core.loading import encode_prompt, load_pair, stop_token_ids
 from dflash_core.training.data import read_prompts
 
 from .build import DemoRecipe, build_data, build_drafter, write_jsonl
 from .corpus import split_corpus
+from .heldout import heldout_tau
 from .paths import default_models_dir
 from .prompts import code_prompts
-
-
-def heldout_tau(target: Path, drafter: Path, prompts: list[str], *, max_new_tokens: int, device: str) -> dict:
-    """tau per dtype and temperature: mean tokens committed per step with every draft of the block verified."""
-    taus: dict[str, dict[str, float]] = {}
-    for dtype in ("fp32", "bf16"):
-        pair = load_pair(target, drafter, dtype=dtype, device=device)
-        stops = stop_token_ids(pair.target, pair.tokenizer)
-        full = pair.drafter.config.block_size - 1
-        for temperature in (0.0, 1.0):
-            lengths = []
-            for i, text in enumerate(tqdm(prompts, desc=f"held-out tau {dtype} T={temperature:g}", leave=False)):
-                ids = encode_prompt(pair.tokenizer, text, device)
-                result = generate(pair.target, pair.drafter, ids, max_new_tokens=max_new_tokens, draft_length=full,
-                                  temperature=temperature, seed=i, stop_token_ids=stops)
-                lengths += result.acceptance_lengths[0]
-            taus.setdefault(dtype, {})[f"T={temperature:g}"] = round(sum(lengths) / max(1, len(lengths)), 3)
-    return taus
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,179 @@
+"""The recipe-lever ablation and the learning curve of issue 9, on the demo pair.
+
+    python -m dflash_demo.ablation --budget-s 900 [--only baseline,soft,...] [--device cuda]
+    python -m dflash_demo.ablation --curve soft --curve-steps 4000 --eval-every 250
+
+Ablation: every lever of `LEVERS` changes the demo recipe (`DemoRecipe`) in one way and trains for the
+same wall-clock budget: each run is timed for a few steps first, then trained for budget / step time
+steps (so deeper drafters or more anchors get fewer steps, as at equal cost they would). Each result is
+the held-out tau (whole block of 16 verified every step, greedy, fp32, `models/demo/heldout.jsonl`).
+Curve: one setting trained with a held-out evaluation every N steps; tau against training tokens.
+Writes `ablation.{json,md,png}` / `learning_curve.{json,md,png}` under --out; runs live under
+--work/ablation and resume (a finished run is only evaluated).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from dflash_core.loading import load_target, load_tokenizer
+from dflash_core.textfiles import read_json_object
+from dflash_core.training.data import read_prompts
+from dflash_core.training.recipe import TrainConfig
+from dflash_core.training.train_state import STATE_FILE
+from dflash_core.training.trainer import STATE_DIR, Distributed, RunOptions, Trainer, load_data
+
+from .build import DemoRecipe
+from .heldout import heldout_tau
+
+LEVERS: dict[str, dict] = {
+    "baseline": {},  # the demo recipe: hard labels, 1 draft layer fed by the middle target layer, 48 anchors
+    "soft": {"distill": "soft"},
+    "mix": {"distill": "mix"},
+    "features-3": {"feature_layers": 3},
+    "features-6": {"feature_layers": 6},
+    "anchors-128": {"anchors": 128},
+    "anchors-256": {"anchors": 256},
+    "init-target": {"init_from_target": True},
+    "depth-2": {"draft_layers": 2, "feature_layers": 1},  # depth alone: the features stay the baseline's
+    "depth-3": {"draft_layers": 3, "feature_layers": 1},
+}
+TIMED_STEPS = 3  # steps timed (after one warm-up) to turn the budget into a step count
+
+
+class _Setup:
+    """What every run shares: the target, tokenizer, data, held-out prompts and device."""
+
+    def __init__(self, models: Path, data: Path, device: str, eval_prompts: int, eval_tokens: int) -> None:
+        self.models, self.device = models, device
+        self.target = load_target(models / "target", (), "bf16", device)
+        self.tokenizer = load_tokenizer(models / "target")
+        self.data = load_data(data)
+        self.prompts = read_prompts(models / "heldout.jsonl")[:eval_prompts]
+        self.eval_tokens = eval_tokens
+
+    def trainer(self, train: TrainConfig, out: Path, eval_every: int = 0) -> Trainer:
+        options = RunOptions(out=out, checkpoint_every=50, eval_every=eval_every,
+                             eval_prompts=self.prompts if eval_every else [], eval_max_new_tokens=self.eval_tokens)
+        return Trainer(self.target, self.tokenizer, self.data, train, options,
+                       Distributed(device=torch.device(self.device)))
+
+    def tau(self, drafter: Path) -> float:
+        taus = heldout_tau(self.models / "target", drafter, self.prompts, max_new_tokens=self.eval_tokens,
+                           device=self.device, dtypes=("fp32",), temperatures=(0.0,))
+        return taus["fp32"]["T=0"]
+
+
+def lever_config(name: str, recipe: DemoRecipe) -> TrainConfig:
+    if name not in LEVERS:
+        raise SystemExit(f"ablation: unknown lever {name!r}; expected some of {', '.join(LEVERS)}")
+    return replace(recipe.train_config(), **LEVERS[name])
+
+
+def seconds_per_step(setup: _Setup, train: TrainConfig, scratch: Path) -> float:
+    """Wall time of one optimizer step of this setting on this machine (fastest of TIMED_STEPS)."""
+    trainer = setup.trainer(replace(train, max_steps=1000), scratch)
+    trainer.train_step()  # warm-up
+    times = []
+    for _ in range(TIMED_STEPS):
+        started = time.perf_counter()
+        trainer.train_step()
+        times.append(time.perf_counter() - started)
+    shutil.rmtree(scratch, ignore_errors=True)
+    return min(times)
+
+
+def planned_steps(run: Path) -> int | None:
+    """The step count a run already started with (its budget was turned into steps once)."""
+    state = run / STATE_DIR / STATE_FILE
+    if not state.is_file():
+        return None
+    return read_json_object(state)["meta"]["train"]["max_steps"]
+
+
+def ablate(setup: _Setup, names: list[str], recipe: DemoRecipe, budget_s: float, work: Path) -> list[dict]:
+    rows = []
+    for name in names:
+        train = lever_config(name, recipe)
+        run = work / f"budget-{budget_s:g}s" / name
+        steps = planned_steps(run)
+        per_step = None
+        if steps is None:
+            per_step = seconds_per_step(setup, train, work / "scratch" / name)
+            steps = max(1, int(budget_s / per_step))
+        started = time.perf_counter()
+        report = setup.trainer(replace(train, max_steps=steps), run).run()
+        trained_s = time.perf_counter() - started
+        rows.append({"lever": name, "changes": LEVERS[name], "steps": steps, "seconds_per_step": per_step,
+                     "train_s": round(trained_s, 1), "final_loss": report["history"][-1] if report["history"] else None,
+                     "tau": setup.tau(run)})
+        print(f"{name}: {steps} steps, held-out tau {rows[-1]['tau']:.3f}", flush=True)
+    return rows
+
+
+def curve(setup: _Setup, name: str, recipe: DemoRecipe, steps: int, eval_every: int, work: Path) -> dict:
+    """Held-out tau every `eval_every` steps of one setting; tokens = steps x batch x mean sample length."""
+    train = replace(lever_config(name, recipe), max_steps=steps)
+    report = setup.trainer(train, work / f"curve-{name}-{steps}", eval_every=eval_every).run()
+    index = setup.data.index
+    mean_tokens = sum(s["tokens"] for s in index["shards"]) / max(1, sum(s["samples"] for s in index["shards"]))
+    points = [{"step": step, "tokens": int(step * train.batch_size * train.grad_accum * mean_tokens), "tau": tau}
+              for step, tau in report["tau_history"]]
+    return {"lever": name, "steps": steps, "eval_every": eval_every, "points": points}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from dflash_bench.report import plot_bars, plot_lines, write_report
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", type=Path, default=Path("models/demo"))
+    parser.add_argument("--data", type=Path, default=Path("runs/demo/data"), help="`make models` data stage")
+    parser.add_argument("--work", type=Path, default=Path("runs/demo/ablation"))
+    parser.add_argument("--out", type=Path, default=Path("docs/results"))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--budget-s", type=float, default=900.0, help="wall-clock training budget of every lever")
+    parser.add_argument("--only", default="", help=f"comma-separated levers (default all: {', '.join(LEVERS)})")
+    parser.add_argument("--curve", default=None, help="instead: the learning curve of this lever")
+    parser.add_argument("--curve-steps", type=int, default=4000)
+    parser.add_argument("--eval-every", type=int, default=250)
+    parser.add_argument("--eval-prompts", type=int, default=16)
+    parser.add_argument("--eval-tokens", type=int, default=128)
+    args = parser.parse_args(argv)
+    command = "python -m dflash_demo.ablation " + " ".join(sys.argv[1:] if argv is None else argv)
+    setup = _Setup(args.models, args.data, args.device, args.eval_prompts, args.eval_tokens)
+    recipe = DemoRecipe()
+    note = (f"held-out tau: whole block verified every step, greedy, fp32, first {len(setup.prompts)} prompts of "
+            f"{args.models / 'heldout.jsonl'}, {args.eval_tokens} new tokens; device {args.device}")
+    if args.curve:
+        result = curve(setup, args.curve, recipe, args.curve_steps, args.eval_every, args.work)
+        points = result["points"]
+        write_report(args.out, "learning_curve", title=f"Held-out tau vs training tokens ({args.curve})",
+                     command=command, columns=["step", "training tokens", "held-out tau"],
+                     rows=[[p["step"], p["tokens"], p["tau"]] for p in points], data=result, notes=[note])
+        plot_lines(args.out / "learning_curve.png", f"Learning curve ({args.curve}, demo pair)",
+                   "training tokens", "held-out tau (block 16, greedy)",
+                   {args.curve: ([p["tokens"] for p in points], [p["tau"] for p in points])})
+        return 0
+    names = [n.strip() for n in args.only.split(",") if n.strip()] or list(LEVERS)
+    rows = ablate(setup, names, recipe, args.budget_s, args.work)
+    write_report(args.out, "ablation", title=f"Recipe levers at {args.budget_s:g} s of training each (demo pair)",
+                 command=command, columns=["lever", "changes", "steps", "s/step", "final loss", "held-out tau"],
+                 rows=[[r["lever"], r["changes"] or "-", r["steps"], r["seconds_per_step"] or "resumed",
+                        r["final_loss"], r["tau"]] for r in rows],
+                 data={"rows": rows, "budget_s": args.budget_s},
+                 notes=[note, "every run: the demo recipe (DemoRecipe) with one change; steps = budget / the "
+                        "setting's own measured step time, so every lever costs the same wall-clock"])
+    plot_bars(args.out / "ablation.png", f"Held-out tau by recipe lever ({args.budget_s:g} s each)", "held-out tau",
+              [r["lever"] for r in rows], [r["tau"] for r in rows])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
