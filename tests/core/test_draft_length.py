@@ -92,6 +92,8 @@ def test_measure_cost_table_on_tiny_models():
     model = tiny_target(vocab=32, layers=2)
     drafter = tiny_drafter(drafter_config(model, block_size=4))
     table = measure_cost_table(model, drafter, 4, context=8, repeats=1)
-    assert table.block_size == 4 and all(s > 0 for s in table.seconds) and table.draft_s > 0
+    assert table.block_size == 4 and all(s > 0 for s in table.seconds)
+    # how a drafting step splits into pass and read-out is timing-derived (noisy on a shared machine)
+    assert table.draft_s >= 0 and table.head_s >= 0 and table.draft_s + table.head_s > 0
     assert list(table.seconds) == sorted(table.seconds)  # more tokens never cost less
     assert DraftLengthPolicy(table).choose() in range(4)

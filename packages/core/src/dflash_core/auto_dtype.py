@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import inspect
 import json
 import os
 import platform
@@ -33,6 +32,9 @@ import torch
 from transformers import DynamicCache
 
 from .dtypes import resolve_dtype, short_name
+from .profiling import sync_device
+from .target import cache_argument
+from .target_cache import truncate_cache
 
 CACHE_FILE = "dtype_probe.json"
 BF16_MARGIN = 0.9  # bf16 must take <= 0.9x the fp32 time on both shapes to be chosen
@@ -65,16 +67,15 @@ def probe_forward_costs(model: torch.nn.Module, dtype: torch.dtype, block_size: 
     vocab = twin.get_input_embeddings().weight.shape[0]
     ids = torch.randint(0, vocab, (1, context + block_size), generator=torch.Generator().manual_seed(0)).to(device)
     cache = DynamicCache()
-    # newer transformers call the cache argument `cache`, older ones `past_key_values`
-    cache_kw = "cache" if "cache" in inspect.signature(twin.forward).parameters else "past_key_values"
+    cache_kw = cache_argument(twin)
     twin(input_ids=ids[:, :context], use_cache=True, **{cache_kw: cache})  # prefill once
 
     def forward(new: int) -> float:
         started = time.perf_counter()
         twin(input_ids=ids[:, context : context + new], use_cache=True, **{cache_kw: cache})
-        _sync(device)
+        sync_device(device)
         elapsed = time.perf_counter() - started
-        _truncate(cache, context)  # back to the prefilled context for the next forward
+        truncate_cache(cache, context)  # back to the prefilled context for the next forward
         return elapsed
 
     for _ in range(2):  # warm-up: allocator, oneDNN kernel selection, lazy inits
@@ -85,19 +86,6 @@ def probe_forward_costs(model: torch.nn.Module, dtype: torch.dtype, block_size: 
     del twin, cache
     return {"dtype": short_name(dtype), "one_token_s": min(one), "block_s": min(block),
             "block_size": block_size}
-
-
-def _truncate(cache: DynamicCache, length: int) -> None:
-    # By hand, not `cache.crop`: its argument changed meaning across transformers releases
-    # (a final length in 4.x; 5.x refuses that and takes a negative count of tokens to drop).
-    for layer in cache.layers:
-        layer.keys = layer.keys[:, :, :length]  # [B, kv_heads, slots, head_dim]
-        layer.values = layer.values[:, :, :length]
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 # ---- choosing -----------------------------------------------------------------------------------

@@ -219,10 +219,11 @@ class _Decoder:
         clock, rows = self.clock, self.rows
         k = self._draft_length()
         clock.start()
-        positions = torch.tensor(self.tcache.lengths, device=self.device)[:, None] + self.offsets[: k + 1]  # [B, k+1]
+        block_positions = torch.tensor(self.tcache.lengths, device=self.device)[:, None] + self.offsets  # [B, Q]
+        positions = block_positions[:, : k + 1]  # [B, k+1]: the verified ones
         if k:
             self._inject_pending()
-        drafts = self._draft(k) if k else self.no_drafts[: len(rows.ids)]  # [B, k]
+        drafts = self._draft(k, block_positions) if k else self.no_drafts[: len(rows.ids)]  # [B, k]
         clock.charge("draft_s")
         verify_ids = torch.cat([rows.last[:, None], drafts], dim=1)
         out = self.target(verify_ids, positions, self.tcache.cache, self.tcache.attention_mask(self.target, positions))
@@ -265,9 +266,8 @@ class _Decoder:
         k = self.policy.choose(len(self.rows.ids)) if isinstance(self.policy, DraftLengthPolicy) else self.policy
         return min(k, max(self.rows.remaining) - 1)
 
-    def _draft(self, k: int) -> torch.Tensor:
-        """The drafter's first k drafts [B, k]: the whole block [last, MASK x (B-1)] is drafted at once."""
-        positions = torch.tensor(self.tcache.lengths, device=self.device)[:, None] + self.offsets  # [B, Q]
+    def _draft(self, k: int, positions: torch.Tensor) -> torch.Tensor:
+        """The drafter's first k drafts [B, k]: the whole block [last, MASK x (B-1)] at `positions` [B, Q] at once."""
         block_ids = torch.cat([self.rows.last[:, None], self.masks.expand(len(self.rows.ids), -1)], dim=1)
         return self.drafter.propose(self.dcache, self.target.embed(block_ids), positions, self.target.logits, k)
 

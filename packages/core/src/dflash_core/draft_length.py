@@ -40,7 +40,9 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache
 
+from .profiling import sync_device
 from .target import TargetModel
+from .target_cache import truncate_cache
 
 PRIOR = (2.0, 1.0)  # Beta(accepted, rejected) pseudo-counts per draft position: mean 2/3
 IDLE_MEMORY = 0.98  # evidence kept per plain step: rejections seen 35 plain steps ago weigh half
@@ -141,8 +143,7 @@ def measure_cost_table(target, drafter, block_size: int, *, context: int = 64, r
     def verify(q: int) -> None:
         hidden = target(ids[:, context : context + q], positions[:, context : context + q], cache).hidden
         target.logits(hidden).argmax(dim=-1)  # [1, q]: the verify step's target choices
-        for layer in cache.layers:  # back to the context (by hand: `crop`'s argument differs by version)
-            layer.keys, layer.values = layer.keys[:, :, :context], layer.values[:, :, :context]
+        truncate_cache(cache, context)  # back to the context
 
     def draft(k: int) -> None:
         drafter.propose(dcache, noise, positions[:, context:], target.logits, k)  # [1, k] drafts
@@ -154,7 +155,7 @@ def measure_cost_table(target, drafter, block_size: int, *, context: int = 64, r
         for i, (run, arg) in enumerate(items):
             started = time.perf_counter()
             run(arg)
-            _sync(device)
+            sync_device(device)
             if round_:
                 best[i] = min(best[i], time.perf_counter() - started)
     seconds = best[:block_size]
@@ -163,11 +164,6 @@ def measure_cost_table(target, drafter, block_size: int, *, context: int = 64, r
     one, full = best[block_size], best[block_size + 1]
     head_s = max(0.0, (full - one) / (block_size - 2)) if block_size > 2 else 0.0
     return VerifyCostTable(seconds=tuple(seconds), draft_s=max(0.0, one - head_s), head_s=head_s)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class DraftLengthPolicy:

@@ -28,6 +28,11 @@ class TargetOutput:
     features: torch.Tensor  # [B, T, n*H] outputs of the target_layer_ids layers, concatenated
 
 
+def cache_argument(model) -> str:
+    """The name of `model.forward`'s KV-cache argument: `cache` in newer transformers, `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class TargetModel:
     """Wraps a causal LM; nothing is patched or left registered on it."""
 
@@ -48,7 +53,7 @@ class TargetModel:
         self.model = model
         self.base = base
         self.config = config
-        self._cache_kwarg = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+        self._cache_kwarg = cache_argument(base)
         self.layer_ids: tuple[int, ...] = ()
         self.set_layer_ids(layer_ids)
 

@@ -70,3 +70,14 @@ class TargetCache:
             layer.keys = layer.keys.index_select(0, index)[:, :, :new_slots]
             layer.values = layer.values.index_select(0, index)[:, :, :new_slots]
         self.slots = new_slots
+
+
+def truncate_cache(cache, length: int) -> None:
+    """Cut every layer of a Hugging Face `DynamicCache` back to its first `length` slots.
+
+    By hand, not `cache.crop`: its argument changed meaning across transformers releases (a final
+    length in 4.x; 5.x refuses that and takes a negative count of tokens to drop).
+    """
+    for layer in cache.layers:
+        layer.keys = layer.keys[:, :, :length]  # [B, kv_heads, slots, head_dim]
+        layer.values = layer.values[:, :, :length]

@@ -26,7 +26,8 @@ from transformers import DynamicCache
 from dflash_core.dtypes import SHORT_NAMES, short_name
 from dflash_core.loading import load_pair
 from dflash_core.profiling import sync_device
-from dflash_core.target import TargetModel
+from dflash_core.target import TargetModel, cache_argument
+from dflash_core.target_cache import truncate_cache
 
 from .report import write_report
 
@@ -40,11 +41,6 @@ def _fastest(run, repeats: int, device: torch.device) -> float:
         sync_device(device)
         times.append(time.perf_counter() - started)
     return min(times)
-
-
-def _cropped(cache: DynamicCache, length: int) -> None:
-    for layer in cache.layers:  # [B, kv_heads, slots, d] back to the context
-        layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]
 
 
 @torch.inference_mode()
@@ -62,15 +58,15 @@ def measure(pair, *, context: int, repeats: int, compile_draft: bool = False) ->
     def hf_forward(q: int):
         def run():
             target.model(input_ids=ids[:, context:context + q], position_ids=positions[:, context:context + q],
-                         past_key_values=cache, use_cache=True)
-            _cropped(cache, context)
+                         use_cache=True, **{cache_argument(target.model): cache})
+            truncate_cache(cache, context)
         return run
 
     def verify(q: int):
         def run():
             o = target(ids[:, context:context + q], positions[:, context:context + q], cache)
             target.logits(o.hidden).float().argmax(-1)
-            _cropped(cache, context)
+            truncate_cache(cache, context)
         return run
 
     unit = _fastest(hf_forward(1), repeats, device)
