@@ -129,6 +129,26 @@ def test_bench_e2e_reports_dflash_full_tau_and_the_cost_model_ceiling(tiny, tmp_
     assert "cost-model ceiling" in (out / "e2e.md").read_text()
 
 
+def test_repeats_keep_each_methods_fastest_round_and_the_same_outputs(tiny):
+    *_, pair = tiny
+    seen: list[float] = []
+
+    def timed(pair, batch, settings):  # the real `ar`, reporting a different time each round
+        run = methods.run_ar(pair, batch, settings)
+        run.seconds = [3.0, 1.0, 2.0][len(seen) % 3]
+        seen.append(run.seconds)
+        return run
+
+    ids = e2e.encode_prompts(pair, PROMPTS[:1], "cpu")
+    runners = {**methods.RUNNERS, "ar": timed}
+    comparison = e2e.compare(pair, ids, _settings(pair), methods=["ar", "dflash"], runners=runners, repeats=3)
+    assert len(seen) == 4  # one warm-up round, then three timed rounds
+    assert [r.seconds for r in comparison.runs["ar"]] == [1.0] and len(comparison.runs["dflash"]) == 1
+    assert comparison.mismatches == []
+    with pytest.raises(DFlashError, match="--repeats is 0"):
+        e2e.compare(pair, ids, _settings(pair), methods=["ar"], repeats=0)
+
+
 def test_demo_ends_with_one_line_comparing_the_three(tiny, capsys):
     root, *_ = tiny
     (root / "heldout.jsonl").write_text((root / "prompts.jsonl").read_text())

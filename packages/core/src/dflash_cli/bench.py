@@ -61,6 +61,8 @@ def add_parser(commands) -> None:
                         "model beside its target")
     e.add_argument("--batch-sizes", type=flags.listed(flags.integer(1), "integers >= 1"), default=[1],
                    help="prompts decoded together, e.g. 1,4,16 (default 1)")
+    e.add_argument("--repeats", type=flags.integer(1), default=1,
+                   help="rounds of every method per batch, the fastest kept (steadier per-prompt ratios)")
     e.add_argument("--name", type=flags.file_stem, default="e2e")
     e.add_argument("--title", default="DFlash and its peers vs the target alone")
     for sub in (d, e):
@@ -120,7 +122,7 @@ def run(args) -> int:
                            max_new_tokens=args.max_new_tokens, dtypes=args.dtypes,
                            temperatures=args.temperatures, device=args.device,
                            methods=methods, batch_sizes=args.batch_sizes,
-                           name=args.name, title=args.title, command=command)
+                           name=args.name, title=args.title, command=command, repeats=args.repeats)
         except e2e.OutputMismatch as exc:  # not bad input: a decoder broke losslessness (exit 1)
             print(exc.report.read_text())
             print(f"dflash bench: error: {exc}", file=sys.stderr)

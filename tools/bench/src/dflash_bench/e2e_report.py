@@ -35,11 +35,12 @@ def table_row(r: dict) -> list:
 
 
 def _notes(results: list[dict], *, name: str, prompts_file: Path, prompts: int, max_new_tokens: int,
-           rounding_note: bool) -> list[str]:
+           rounding_note: bool, repeats: int = 1) -> list[str]:
     notes = [
         f"{prompts} held-out prompts from {prompts_file}, up to {max_new_tokens} new tokens each; every method on the "
         "same target object and dtype; per batch, all methods back to back in an order rotated from batch to batch, "
-        "after one untimed warm-up run of each",
+        "after one untimed warm-up run of each" + (f"; every batch run {repeats} times by every method (rounds "
+                                                  "interleaved), each method's fastest round kept" if repeats > 1 else ""),
         "ar: the target alone through DFlash's own loop with no drafter, one token per row per forward, the batch's "
         "rows decoded together; dflash: `generate` with its defaults; dflash_full: `generate` verifying the whole block every "
         "step (its tau is the drafter's acceptance at block B); prompt_lookup: Hugging Face `generate(..., "
@@ -89,11 +90,11 @@ def _plots(out: Path, name: str, title: str, results: list[dict]) -> None:
 
 
 def write(out: Path, name: str, results: list[dict], *, title: str, command: str, prompts_file: Path, prompts: int,
-          max_new_tokens: int, rounding_note: bool) -> Path:
+          max_new_tokens: int, rounding_note: bool, repeats: int = 1) -> Path:
     """out/name.json (every row, per-batch speedups included), out/name.md and the plots; returns the .md path."""
     out.mkdir(parents=True, exist_ok=True)
     _plots(out, name, title, results)
     notes = _notes(results, name=name, prompts_file=prompts_file, prompts=prompts, max_new_tokens=max_new_tokens,
-                   rounding_note=rounding_note)
+                   rounding_note=rounding_note, repeats=repeats)
     return write_report(out, name, title=title, command=command, columns=COLUMNS,
                         rows=[table_row(r) for r in results], data={"results": results}, notes=notes)
