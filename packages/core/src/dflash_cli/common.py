@@ -43,6 +43,13 @@ def read_prompt(text: str | None, file: str | None) -> str:
     return text
 
 
+def chat_message(text: str) -> list[dict]:
+    """--chat TEXT as a one-message chat (the user's turn)."""
+    if not text.strip():
+        raise GenerationError("the --chat message is empty: give the user's message as text.")
+    return [{"role": "user", "content": text}]
+
+
 def print_json(obj) -> None:
     print(json.dumps(obj, ensure_ascii=False))
 

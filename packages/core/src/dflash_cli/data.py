@@ -18,7 +18,9 @@ from .common import add_runtime_args, apply_threads
 def add_parser(commands) -> None:
     p = commands.add_parser("data", help="regenerate prompt responses with the target (training data)")
     p.add_argument("--target", required=True, help="Hugging Face target model directory (with tokenizer)")
-    p.add_argument("--prompts", required=True, help="JSONL file, one object per line with a 'prompt' string")
+    p.add_argument("--prompts", required=True,
+                   help="JSONL file, one object per line with a 'prompt' string or a 'messages' chat "
+                        "(OpenAI-style; the tokenizer's chat template is applied)")
     p.add_argument("--out", required=True, type=Path, help="data directory (resumed if it exists)")
     p.add_argument("--force", action="store_true", help="write into an --out that holds other files")
     p.add_argument("--responses", choices=["greedy", "sampled", "both"], default="greedy")

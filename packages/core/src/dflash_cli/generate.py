@@ -13,7 +13,7 @@ from dflash_core.text_stream import TextStream
 from dflash_core.warmup import warm_up
 
 from . import flags
-from .common import add_draft_length_arg, add_runtime_args, apply_threads, print_json, read_prompt
+from .common import add_draft_length_arg, add_runtime_args, apply_threads, chat_message, print_json, read_prompt
 
 
 def add_parser(commands) -> None:
@@ -25,6 +25,9 @@ def add_parser(commands) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="prompt text")
     source.add_argument("--prompt-file", help="file holding the prompt text")
+    source.add_argument("--chat", metavar="MESSAGE",
+                        help="a user message, sent through the tokenizer's chat template (the assistant's turn "
+                             "opened; generation stops at the template's end of turn)")
     p.add_argument("--max-new-tokens", type=flags.integer(1), default=128)
     p.add_argument("--temperature", type=flags.number(0.0), default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=flags.top_p, default=1.0)
@@ -43,10 +46,10 @@ def add_parser(commands) -> None:
 def run(args) -> int:
     apply_threads(args.threads)
     params = SamplingParams(args.temperature, args.top_p, args.top_k)  # validate before loading models
-    text = read_prompt(args.prompt, args.prompt_file)
+    prompt = read_prompt(args.prompt, args.prompt_file) if args.chat is None else chat_message(args.chat)
     pair = load_pair(args.target, args.drafter, dtype=args.dtype, device=args.device, backend=args.drafter_backend,
                      threads=args.threads)
-    ids = encode_prompt(pair.tokenizer, text, args.device)
+    ids = encode_prompt(pair.tokenizer, prompt, args.device)
     stops = stop_token_ids(pair.target, pair.tokenizer)
     sampling = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k, "seed": args.seed}
     profile = DecodeProfile()

@@ -17,9 +17,10 @@ from .config import DFlashConfig
 from .drafter import load_drafter
 from .drafter_backend import DrafterBackend
 from .dtypes import resolve_dtype, short_name
-from .errors import CompatibilityError, GenerationError
+from .errors import CompatibilityError
 from .devices import check_device
 from .pairing import check_compatibility, ensure_mask_token
+from .prompts import encode_prompt, end_of_turn_ids  # noqa: F401 (encode_prompt: the front door's)
 from .target import TargetModel
 from .target_checks import (check_loading_info, check_target_weights, check_tokenizer_files, first_line,
                             read_target_config, read_target_headers)
@@ -123,18 +124,9 @@ def load_pair(target_dir: str | os.PathLike, drafter_dir: str | os.PathLike, *, 
 
 
 def stop_token_ids(target: TargetModel, tokenizer) -> list[int]:
-    """The target's end-of-sequence ids (generation config, then tokenizer)."""
+    """The target's end-of-sequence ids (generation config, then tokenizer), then its chat template's end of turn."""
     ids = getattr(getattr(target.model, "generation_config", None), "eos_token_id", None)
     if ids is None:
         ids = tokenizer.eos_token_id
-    if ids is None:
-        return []
-    return [ids] if isinstance(ids, int) else list(ids)
-
-
-def encode_prompt(tokenizer, text: str, device: str | torch.device = "cpu") -> torch.Tensor:
-    """[1, T] token ids of `text` (no special tokens added)."""
-    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
-    if ids.shape[1] == 0:
-        raise GenerationError("the prompt encodes to no tokens: expected at least one.")
-    return ids.to(device)
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    return ids + [i for i in end_of_turn_ids(tokenizer) if i not in ids]

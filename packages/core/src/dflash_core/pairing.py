@@ -85,16 +85,26 @@ def ensure_mask_token(tokenizer, config: DFlashConfig) -> str | None:
             "is used as an embedding row only.")
 
 
-def mask_token_for_training(tokenizer, target: TargetShape) -> int:
-    """The id of `<|MASK|>`, added to the tokenizer when absent; it must be a row of the target's embedding."""
-    token_id = tokenizer.get_vocab().get(MASK_TOKEN)
+def mask_token_for_training(tokenizer, target: TargetShape, token: str = MASK_TOKEN) -> int:
+    """The id of the drafter's mask token; it must be a row of the target's embedding.
+
+    `<|MASK|>` (the default) is added to the tokenizer when absent. Another `token` must already be in
+    the vocabulary: a reserved token the model never writes serves where the embedding has no spare
+    row for a new one (SmolLM2: 49,152 tokens, 49,152 rows); the drafter learns its meaning anyway,
+    and the target stays exactly as it was.
+    """
+    token_id = tokenizer.get_vocab().get(token)
+    if token_id is None and token != MASK_TOKEN:
+        raise CompatibilityError(f"the mask token {token!r} is not in the tokenizer's vocabulary: expected "
+                                 f"an existing token (or {MASK_TOKEN}, added when absent).")
     if token_id is None:
         _add_mask_token(tokenizer)
         token_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
     if token_id >= target.vocab_size:
         raise CompatibilityError(
             f"{MASK_TOKEN} would be id {token_id} but the target's embedding has {target.vocab_size} rows: "
-            "resize the target's embeddings (or give a tokenizer whose vocabulary has a spare row)."
+            "give an existing reserved token as the mask instead (dflash train --mask-token), resize the target's "
+            "embeddings, or give a tokenizer whose vocabulary has a spare row."
         )
     return token_id
 

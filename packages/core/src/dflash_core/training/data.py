@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from ..errors import DataError
 from ..fileio import atomic_path, sha256_file, write_json
+from ..prompts import Prompt, messages_problem, prompt_ids
 from ..textfiles import json_type, read_json_object, read_lines
 
 INDEX_FILE = "index.json"
@@ -65,8 +66,9 @@ class DataSettings:
 RESPONSES = ("greedy", "sampled", "both")
 
 
-def read_prompts(path: str | Path) -> list[str]:
-    """Prompts from a JSONL file (one object per line with a non-empty `prompt` string)."""
+def read_prompts(path: str | Path) -> list[Prompt]:
+    """Prompts from a JSONL file: one object per line with a non-empty `prompt` string, or with `messages`
+    (an OpenAI-style chat, encoded later through the tokenizer's chat template)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"prompt file {path} {'is a directory' if path.is_dir() else 'does not exist'}, "
@@ -79,12 +81,18 @@ def read_prompts(path: str | Path) -> list[str]:
             record = json.loads(line)
         except json.JSONDecodeError:
             raise DataError(f"{path}:{number} is not valid JSON (expected an object with a 'prompt').") from None
+        if isinstance(record, dict) and "messages" in record and "prompt" not in record:
+            problem = messages_problem(record["messages"])
+            if problem:
+                raise DataError(f"{path}:{number}: {problem}.")
+            prompts.append([{"role": m["role"], "content": m["content"]} for m in record["messages"]])
+            continue
         prompt = record.get("prompt") if isinstance(record, dict) else None
         if not isinstance(prompt, str) or not prompt:
-            raise DataError(f"{path}:{number} has no non-empty 'prompt' string.")
+            raise DataError(f"{path}:{number} has no non-empty 'prompt' string (nor a 'messages' list).")
         prompts.append(prompt)
     if not prompts:
-        raise DataError(f"prompt file {path} is empty: expected JSONL lines with a 'prompt'.")
+        raise DataError(f"prompt file {path} is empty: expected JSONL lines with a 'prompt' or 'messages'.")
     return prompts
 
 
@@ -96,7 +104,7 @@ def target_fingerprint(target_dir: str | Path) -> str:
     return h.hexdigest()[:16]
 
 
-def prompts_fingerprint(prompts: list[str]) -> str:
+def prompts_fingerprint(prompts: list[Prompt]) -> str:
     return hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16]
 
 
@@ -160,7 +168,7 @@ def load_or_start_index(out: Path, settings: DataSettings) -> dict:
 
 
 @torch.inference_mode()
-def generate_responses(model, tokenizer, prompts: list[str], out: Path, settings: DataSettings,
+def generate_responses(model, tokenizer, prompts: list[Prompt], out: Path, settings: DataSettings,
                        batch_size: int = 32, max_prompt_tokens: int = 1024) -> dict:
     """Regenerate every prompt's response with the target (resumable); return the final index."""
     writer = ShardWriter(out, settings)
@@ -170,7 +178,7 @@ def generate_responses(model, tokenizer, prompts: list[str], out: Path, settings
     bar = tqdm(total=len(prompts), initial=start, desc="responses", unit="prompt", dynamic_ncols=True)
     for first in range(start, len(prompts), batch_size):
         batch = prompts[first : first + batch_size]
-        encoded = [tokenizer(p, add_special_tokens=False)["input_ids"][-max_prompt_tokens:] for p in batch]
+        encoded = [prompt_ids(tokenizer, p)[-max_prompt_tokens:] for p in batch]
         for mode in modes:
             for ids, response in zip(encoded, _generate(model, encoded, mode, settings, eos, first)):
                 writer.add(ids + response, len(ids))

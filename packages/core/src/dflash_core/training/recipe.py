@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, fields
 
 from ..config import DFlashConfig, build_target_layer_ids
 from ..errors import ConfigError
+from ..pairing import MASK_TOKEN
 
 # published loss decay per block size (reference §3); others fall back to block_size/2 - 1
 PUBLISHED_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
@@ -62,6 +63,8 @@ class TrainConfig:
     """How many target layers feed the drafter (evenly spaced); None = as many as draft layers."""
     init_from_target: bool = False
     """Initialise draft layer i from target layer L-D+i (the last D target layers) instead of randomly."""
+    mask_token: str = MASK_TOKEN
+    """The drafter's mask token: <|MASK|> (added when absent), or an existing token of the vocabulary."""
 
     # fields that may change between a run and its resumption
     RESUMABLE_CHANGES = ("max_steps", "epochs")
@@ -88,6 +91,7 @@ class TrainConfig:
             (0 <= self.distill_weight <= 1, "distill_weight", "a fraction in [0, 1]"),
             (0 < self.distill_temperature < math.inf, "distill_temperature", "a positive finite number"),
             (self.feature_layers is None or self.feature_layers >= 1, "feature_layers", "an integer >= 1"),
+            (isinstance(self.mask_token, str) and bool(self.mask_token), "mask_token", "a non-empty token"),
             (self.feature_layers is None or self.target_layer_ids is None, "feature_layers",
              "unset when target_layer_ids are given (one or the other)"),
         ]

@@ -24,6 +24,7 @@ from ..drafter import Drafter
 from ..checkpoint import check_weight_values
 from ..errors import CheckpointError, ConfigError, DataError
 from ..pairing import mask_token_for_training
+from ..prompts import encode_prompt
 from ..target import TargetModel
 from .batches import make_batch, micro_positions
 from .train_state import STATE_FILE, has_training_state, load_training_state, save_training_state
@@ -87,7 +88,7 @@ class Trainer:
         self.tokenizer = tokenizer
         data.check_vocabulary(target.vocab_size)
         target.model.requires_grad_(False)
-        self.mask_id = mask_token_for_training(tokenizer, target)
+        self.mask_id = mask_token_for_training(tokenizer, target, train.mask_token)
         self.drafter = Drafter(drafter_config_for(target, self.mask_id, train)).to(place.device)
         self.drafter.reset_parameters(train.init_std, torch.Generator().manual_seed(train.seed))
         if train.init_from_target:
@@ -224,15 +225,18 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Mean acceptance length of the real decoder (greedy) on the held-out prompts."""
+        """Mean acceptance length of the real decoder (greedy, whole block verified) on the held-out prompts."""
         tau = float("nan")
         if self.place.main and self.options.eval_prompts:
             drafter = copy.deepcopy(self.drafter).to(self.target.dtype).eval()
             lengths = []
             for prompt in self.options.eval_prompts:
-                ids = self.tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"][:, -512:]
+                ids = encode_prompt(self.tokenizer, prompt)[:, -512:]  # plain text or a chat
+                # the whole block verified every step: tau measures the drafter, not the machine's
+                # cost-aware draft-length policy (which would mix in plain steps)
                 result = generate(self.target, drafter, ids.to(self.place.device),
-                                  max_new_tokens=self.options.eval_max_new_tokens)
+                                  max_new_tokens=self.options.eval_max_new_tokens,
+                                  draft_length=drafter.config.block_size - 1)
                 lengths.extend(result.acceptance_lengths[0])
             tau = sum(lengths) / max(1, len(lengths))
             self.tau_history.append((self.step, tau))

@@ -1,0 +1,132 @@
+"""Instruction prompts (OpenAI-style chats) derived from the Python standard library on this machine.
+
+The SmolLM2 drafter learns SmolLM2's own answers, so what matters is a spread of ordinary chat
+requests. They are made from what every machine has: the stdlib's modules, their public functions
+and classes and the first sentence of their docstrings, put into instruction templates (explain,
+give an example, summarise, compare, write a function, plus general questions about each module's
+topic). Modules are split by a hash of their name: held-out chats come only from held-out modules,
+so a held-out prompt never shares its subject with a training prompt.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import random
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+
+NAME_TEMPLATES = (
+    "Explain what `{qual}` does in Python, in a few sentences.",
+    "Write a short Python example that uses `{qual}` and explain the output.",
+    "When would I use `{qual}` in a Python program?",
+    "What are common mistakes when using `{qual}`?",
+    "Show me how to call `{qual}` and describe its arguments.",
+)
+DOC_TEMPLATES = (
+    "Summarize this in one sentence: {doc}",
+    "Rewrite this description in simpler words: {doc}",
+    "Explain this to a beginner programmer: {doc}",
+    "Turn this description into a short bulleted list: {doc}",
+)
+MODULE_TEMPLATES = (
+    "What is the Python module `{module}` used for?",
+    "Give three tips for using the `{module}` module in Python.",
+    "Write a small Python script that demonstrates the `{module}` module.",
+    "Compare the `{module}` module with a similar tool in another programming language.",
+)
+
+
+@dataclass(frozen=True)
+class Subject:
+    module: str
+    qual: str
+    doc: str
+
+
+def _first_sentence(doc: str | None) -> str:
+    text = " ".join((doc or "").strip().split("\n\n")[0].split())
+    end = text.find(". ")
+    text = text[: end + 1] if end > 0 else text
+    return text if 30 <= len(text) <= 240 else ""
+
+
+def _subjects(path: Path, module: str) -> list[Subject]:
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return []
+    found = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+            found.append(Subject(module, f"{module}.{node.name}", _first_sentence(ast.get_docstring(node))))
+    return found
+
+
+def stdlib_modules() -> dict[str, Path]:
+    """Top-level pure-Python stdlib modules (no tests, no private ones) -> their file."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    modules = {}
+    for path in sorted(root.glob("*.py")):
+        if not path.stem.startswith("_") and "test" not in path.stem:
+            modules[path.stem] = path
+    for path in sorted(root.glob("*/__init__.py")):
+        name = path.parent.name
+        if not name.startswith("_") and name not in ("test", "idlelib", "lib2to3", "site-packages", "turtledemo"):
+            modules[name] = path
+    return modules
+
+
+def is_heldout(module: str, fraction: float = 0.12) -> bool:
+    digest = hashlib.sha256(module.encode()).digest()
+    return int.from_bytes(digest[:4], "big") < fraction * 2**32
+
+
+def chats(heldout: bool, count: int, seed: int) -> list[dict]:
+    """`count` JSONL rows {"messages": [{"role": "user", "content": ...}]} from the held-out or training modules."""
+    rng = random.Random(seed)
+    texts: list[str] = []
+    for module, path in stdlib_modules().items():
+        if is_heldout(module) != heldout:
+            continue
+        texts += [t.format(module=module) for t in MODULE_TEMPLATES]
+        for subject in _subjects(path, module):
+            texts.append(rng.choice(NAME_TEMPLATES).format(qual=subject.qual))
+            if subject.doc:
+                texts.append(rng.choice(DOC_TEMPLATES).format(doc=subject.doc))
+    texts = sorted(set(texts))
+    rng.shuffle(texts)
+    if len(texts) < count:
+        raise ValueError(f"only {len(texts)} distinct prompts from the stdlib here, expected at least {count}.")
+    return [{"messages": [{"role": "user", "content": text}]} for text in texts[:count]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+    import sys
+
+    from dflash_core.fileio import atomic_file
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="JSONL file to write (atomically)")
+    parser.add_argument("--count", type=int, required=True, help="how many chats")
+    parser.add_argument("--heldout", action="store_true", help="from the held-out modules (evaluation prompts)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        rows = chats(args.heldout, args.count, args.seed)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    with atomic_file(args.out, "w") as handle:
+        for row in rows:
+            handle.write(json.dumps(row) + "\n")
+    print(f"{args.out}: {len(rows)} {'held-out' if args.heldout else 'training'} chats", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
