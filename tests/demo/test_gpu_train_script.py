@@ -30,3 +30,32 @@ def test_gpu_train_script_writes_a_drafter_and_heldout_tau(tmp_path):
     assert "held-out tau" in (out / "log.txt").read_text() or "train_s" in (out / "log.txt").read_text()
     pair = load_pair(ROOT / "models/demo/target", out / "work/drafter_run", dtype="fp32")  # the published format
     assert pair.drafter.config.block_size == 16
+
+
+def test_smollm2_gpu_script_runs_the_chat_recipe_from_the_source_tree(tmp_path):
+    """The real pair's GPU script, on a tiny random target given a chat template (SmolLM2 itself would take minutes)."""
+    from tiny import save_tiny_pair
+    from transformers import AutoTokenizer
+
+    target, _ = save_tiny_pair(tmp_path / "models")
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    tokenizer.chat_template = (ROOT / "tests/plugins/chat_template.jinja").read_text()
+    tokenizer.save_pretrained(target)
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "DEVICE": "cpu", "TARGET": str(target),
+           "MASK_TOKEN": "<|MASK|>", "PROMPTS": "3", "TOKENS": "12", "DATA_BATCH": "3", "EPOCHS": "1",
+           "EVAL_PROMPTS": "2", "EVAL_TOKENS": "6", "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", str(ROOT / "tools/demo/gpu/train_smollm2.sh"), str(out)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    summary = json.loads((out / "tau.json").read_text())
+    assert summary["count"] == 2 and set(summary["tau"]) == {"fp32", "bf16"}
+    assert all(1.0 <= tau <= 16.0 for by_t in summary["tau"].values() for tau in by_t.values())
+    assert "messages" in (out / "prompts.jsonl").read_text().splitlines()[0]
+    log = (out / "log.txt").read_text()
+    assert "data:" in log and "train:" in log and "held-out tau:" in log
+    # without a target: one line and exit 2 before anything runs
+    env["TARGET"] = str(tmp_path / "missing")
+    done = subprocess.run(["bash", str(ROOT / "tools/demo/gpu/train_smollm2.sh"), str(tmp_path / "x")], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "make real-model" in done.stderr and not (tmp_path / "x").exists()

@@ -32,3 +32,32 @@ def heldout_tau(target: Path, drafter: Path, prompts: Sequence[str], *, max_new_
                 lengths += result.acceptance_lengths[0]
             taus.setdefault(dtype, {})[f"T={temperature:g}"] = round(sum(lengths) / max(1, len(lengths)), 3)
     return taus
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m dflash_demo.heldout`: held-out tau of a pair into a JSON file (atomically)."""
+    import argparse
+    import json
+
+    from dflash_core.fileio import write_json
+    from dflash_core.training.data import read_prompts
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--target", type=Path, required=True)
+    parser.add_argument("--drafter", type=Path, required=True)
+    parser.add_argument("--prompts", type=Path, required=True, help="JSONL: `prompt` strings or `messages` chats")
+    parser.add_argument("--count", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    args = parser.parse_args(argv)
+    prompts = read_prompts(args.prompts)[: args.count]
+    taus = heldout_tau(args.target, args.drafter, prompts, max_new_tokens=args.max_new_tokens, device=args.device)
+    write_json(args.out, {"target": str(args.target), "drafter": str(args.drafter), "prompts": str(args.prompts),
+                          "count": len(prompts), "max_new_tokens": args.max_new_tokens, "tau": taus})
+    print(json.dumps(taus))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
