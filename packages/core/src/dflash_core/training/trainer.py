@@ -23,6 +23,7 @@ from ..decoding import generate
 from ..drafter import Drafter
 from ..checkpoint import check_weight_values
 from ..errors import CheckpointError, ConfigError, DataError
+from ..loading import stop_token_ids
 from ..pairing import mask_token_for_training
 from ..prompts import encode_prompt
 from ..target import TargetModel
@@ -229,6 +230,7 @@ class Trainer:
         tau = float("nan")
         if self.place.main and self.options.eval_prompts:
             drafter = copy.deepcopy(self.drafter).to(self.target.dtype).eval()
+            stops = stop_token_ids(self.target, self.tokenizer)  # eos and a chat template's end of turn
             lengths = []
             for prompt in self.options.eval_prompts:
                 ids = encode_prompt(self.tokenizer, prompt)[:, -512:]  # plain text or a chat
@@ -236,7 +238,7 @@ class Trainer:
                 # cost-aware draft-length policy (which would mix in plain steps)
                 result = generate(self.target, drafter, ids.to(self.place.device),
                                   max_new_tokens=self.options.eval_max_new_tokens,
-                                  draft_length=drafter.config.block_size - 1)
+                                  draft_length=drafter.config.block_size - 1, stop_token_ids=stops)
                 lengths.extend(result.acceptance_lengths[0])
             tau = sum(lengths) / max(1, len(lengths))
             self.tau_history.append((self.step, tau))
