@@ -124,7 +124,9 @@ def test_bench_e2e_reports_dflash_full_tau_and_the_cost_model_ceiling(tiny, tmp_
     block = load_pair(target, drafter, dtype="fp32").drafter.config.block_size
     assert len(dflash["acceptance_by_position"]) == block - 1
     assert all(0.0 <= p <= 1.0 for p in dflash["acceptance_by_position"])
-    assert dflash["ceiling"] >= 1.0 and 0 <= dflash["ceiling_k"] < block
+    assert dflash["ceiling"] >= 1.0 and 0 <= dflash["pooled_ceiling_k"] < block
+    assert len(dflash["ceiling_per_batch"]) == 2 and min(dflash["ceiling_per_batch"]) >= 1.0
+    assert min(dflash["ceiling_per_batch"]) <= dflash["ceiling"] <= max(dflash["ceiling_per_batch"])
     assert dflash["of_ceiling"] == pytest.approx(dflash["speedup"] / dflash["ceiling"])
     assert "cost-model ceiling" in (out / "e2e.md").read_text()
 

@@ -154,19 +154,30 @@ def summarize(comparison: Comparison) -> list[dict]:
 def add_ceiling(rows: list[dict], comparison: Comparison, pair: Pair) -> None:
     """On the dflash row: the cost model's ceiling for dflash_full's acceptance and the share reached.
 
-    Needs both methods in the comparison (dflash_full observes every block position); the cost table
-    is the one `generate`'s draft-length policy used (`cost_table_for`, cached per machine and pair).
+    Per batch (one prompt at batch 1): p_i from that batch's dflash_full steps, its ceiling speedup
+    c_j = max_k E(k) T(0) / T(k); over all batches, the time-weighted ceiling sum(n_j) / sum(n_j / c_j)
+    (n_j: tokens of batch j), i.e. a loop that knew each prompt's acceptance and always verified its best
+    k. Needs both methods in the comparison; the cost table is the one `generate`'s draft-length policy
+    used (`cost_table_for`, cached per machine and pair).
     """
     full = comparison.runs.get("dflash_full")
     dflash = next((r for r in rows if r["method"] == "dflash" and "n/a" not in r), None)
     if not full or dflash is None:
         return
-    acceptance = acceptance_by_position([row for run in full for row in run.acceptance_lengths],
-                                        pair.drafter.config.block_size)
+    block = pair.drafter.config.block_size
     costs = cost_table_for(as_target(pair.target, pair.drafter), pair.drafter)
-    ceiling, best_k = ceiling_speedup(costs, acceptance, comparison.batch_size)
-    dflash.update(acceptance_by_position=[round(p, 4) for p in acceptance], ceiling=ceiling, ceiling_k=best_k,
-                  of_ceiling=dflash["speedup"] / ceiling)
+    tokens, ceiling_time, per_batch = 0, 0.0, []
+    for run in full:
+        acceptance = acceptance_by_position(run.acceptance_lengths, block)
+        ceiling, _ = ceiling_speedup(costs, acceptance, comparison.batch_size)
+        n = _count(run)
+        tokens, ceiling_time = tokens + n, ceiling_time + n / ceiling
+        per_batch.append(round(ceiling, 3))
+    pooled = acceptance_by_position([row for run in full for row in run.acceptance_lengths], block)
+    ceiling = tokens / ceiling_time
+    dflash.update(acceptance_by_position=[round(p, 4) for p in pooled], ceiling=ceiling,
+                  ceiling_per_batch=per_batch, of_ceiling=dflash["speedup"] / ceiling,
+                  pooled_ceiling_k=ceiling_speedup(costs, pooled, comparison.batch_size)[1])
 
 
 def _count(run: MethodRun) -> int:

@@ -30,7 +30,7 @@ def table_row(r: dict) -> list:
         return head + [r["tok_s"], r["speedup"], "", "", "", ""]
     spread = f"{r['speedup_min']:.2f} / {r['speedup_median']:.2f} / {r['speedup_max']:.2f}"
     identical = r["identical"] if r["identical"] is not None else "n/a (T > 0)"
-    ceiling = f"{r['ceiling']:.2f}x ({100 * r['of_ceiling']:.0f}%, k={r['ceiling_k']})" if "ceiling" in r else ""
+    ceiling = f"{r['ceiling']:.2f}x ({100 * r['of_ceiling']:.0f}%)" if "ceiling" in r else ""
     return head + [r["tok_s"], r["speedup"], spread, r.get("tau", ""), ceiling, identical]
 
 
@@ -46,9 +46,10 @@ def _notes(results: list[dict], *, name: str, prompts_file: Path, prompts: int, 
         "step (its tau is the drafter's acceptance at block B); prompt_lookup: Hugging Face `generate(..., "
         f"prompt_lookup_num_tokens={PROMPT_LOOKUP_TOKENS})` (wall time); assisted: Hugging Face `generate(..., "
         "assistant_model=models/demo/assistant)` (wall time); hf_generate: Hugging Face `generate()` with no drafts",
-        "cost-model ceiling: max over k of E(k) T(0) / T(k), with E(k) from dflash_full's acceptance per block "
-        "position and T(k) from the machine's cost table (the one dflash's draft-length policy uses): the best speedup "
-        "any loop could reach with this drafter on this machine; share reached = dflash's speedup / ceiling",
+        "cost-model ceiling: per prompt (per batch at batch > 1), max over k of E(k) T(0) / T(k), with E(k) from that "
+        "prompt's dflash_full acceptance per block position and T(k) from the machine's cost table (the one dflash's "
+        "draft-length policy uses), combined weighted by time: what a loop that knew each prompt's acceptance and "
+        "always verified its best k would reach on this machine; share reached = dflash's speedup / ceiling",
         "per-prompt speedup: one value per prompt at batch 1, per batch of prompts at larger batch sizes; batches "
         "wrap round to the first prompts to stay full",
     ]
