@@ -245,3 +245,39 @@ def test_grouped_blocks_equal_one_attention_over_all_blocks(group):
     (ref, ref_grads), (got, got_grads) = results
     assert got.shape == ref.shape == (2, 4, 6, 32) and (got - ref).abs().max().item() <= 1e-5
     assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(got_grads, ref_grads))
+
+
+# ---- precision: --dtype auto picks bf16 only where this machine runs it faster -----------------------
+
+
+@pytest.mark.parametrize("bf16_faster", [False, True])
+def test_auto_dtype_sets_the_training_precision(setup, tmp_path, capsys, monkeypatch, bf16_faster):
+    """The probe's verdict (seeded in the cache here: this test is about the wiring, not the clock) decides
+    both the target's dtype and bf16 autocast; a run resumed under the other verdict continues."""
+    from dflash_core.auto_dtype import resolve_auto_dtype
+    from dflash_core.loading import load_target
+
+    target, data = setup
+    monkeypatch.setenv("DFLASH_CACHE_DIR", str(tmp_path / "cache"))
+    fp32, bf16 = (0.01, 0.02), ((0.006, 0.011) if bf16_faster else (0.012, 0.078))
+    costs = {n: {"dtype": n, "one_token_s": one, "block_s": blk, "block_size": 4}
+             for n, (one, blk) in (("fp32", fp32), ("bf16", bf16))}
+    model = load_target(target, (), "fp32").model  # the cache key is the model's config, as the CLI loads it
+    resolve_auto_dtype(model, 4, device="cpu", probe=lambda m, dtype, b: costs["fp32" if dtype == torch.float32
+                                                                                else "bf16"])
+    out = tmp_path / "run"
+    args = [a for a in FAST if a not in ("--dtype", "fp32")] + ["--dtype", "auto"]
+    assert main(["train", "--target", str(target), "--data", str(data), "--out", str(out), "--block-size", "4",
+                 "--anchors", "6", "--batch-size", "3", "--max-steps", "1", "--save-dtype", "fp32",
+                 "--no-progress", *args]) == 0
+    err = capsys.readouterr().err
+    chosen = "bf16" if bf16_faster else "fp32"
+    assert re.search(rf"^dtype {chosen}\b.*\(cached\)$", err, re.M), err
+    _, meta = load_training_state(out / "train_state")
+    assert meta["train"]["bf16"] is bf16_faster
+    # the same run resumed in the other precision (another machine) is continued, not refused
+    other = FAST if bf16_faster else [a if a != "fp32" else "bf16" for a in FAST]
+    assert main(["train", "--target", str(target), "--data", str(data), "--out", str(out), "--block-size", "4",
+                 "--anchors", "6", "--batch-size", "3", "--max-steps", "2", "--save-dtype", "fp32",
+                 "--no-progress", *other]) == 0
+    assert load_training_state(out / "train_state")[1]["step"] == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -22,6 +23,18 @@ def add_runtime_args(parser, *, default_dtype: str = "bf16", allow_auto: bool = 
     parser.add_argument("--device", type=flags.device, default="cpu", help="torch device (cpu, cuda, cuda:1, ...)")
     parser.add_argument("--threads", type=flags.integer(0), default=0,
                         help="torch intra-op threads (0: torch's default)")
+
+
+def load_target_in(target_dir: str, dtype: str, device: str, block_size: int = 16):
+    """(target, torch dtype) for --dtype; 'auto' is resolved by the measured probe and its reason printed (stderr)."""
+    from dflash_core.dtypes import resolve_dtype
+    from dflash_core.loading import load_target, load_target_auto
+
+    if dtype != "auto":
+        return load_target(target_dir, (), dtype, device), resolve_dtype(dtype)
+    target, dtype, reason = load_target_auto(target_dir, (), block_size, device)
+    print(f"dtype {reason}", file=sys.stderr)
+    return target, dtype
 
 
 def apply_threads(threads: int) -> None:

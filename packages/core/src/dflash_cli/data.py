@@ -6,13 +6,13 @@ import sys
 from pathlib import Path
 
 from dflash_core.fileio import guard_output
-from dflash_core.loading import load_target, load_tokenizer
+from dflash_core.loading import load_tokenizer
 from dflash_core.target_checks import read_target_config
 from dflash_core.training.data import (INDEX_FILE, DataSettings, generate_responses, load_or_start_index,
                                        prompts_fingerprint, read_prompts, target_fingerprint)
 
 from . import flags
-from .common import add_runtime_args, apply_threads
+from .common import add_runtime_args, apply_threads, load_target_in
 
 
 def add_parser(commands) -> None:
@@ -29,7 +29,7 @@ def add_parser(commands) -> None:
     p.add_argument("--batch-size", type=flags.integer(1), default=32)
     p.add_argument("--shard-size", type=flags.integer(1), default=256, help="samples per shard")
     p.add_argument("--seed", type=flags.seed, default=0)
-    add_runtime_args(p)
+    add_runtime_args(p, default_dtype="auto", allow_auto=True)
     p.set_defaults(run=run)
 
 
@@ -43,7 +43,7 @@ def run(args) -> int:
     guard_output(args.out, [args.target, args.prompts], force=args.force,
                  is_own_state=lambda out: (out / INDEX_FILE).is_file())
     load_or_start_index(args.out, settings)  # a corrupt index or other settings: refused before the target loads
-    target = load_target(args.target, (), args.dtype, args.device)
+    target, _ = load_target_in(args.target, args.dtype, args.device)
     tokenizer = load_tokenizer(args.target)
     index = generate_responses(target.model, tokenizer, prompts, args.out, settings, batch_size=args.batch_size)
     samples = sum(s["samples"] for s in index["shards"])

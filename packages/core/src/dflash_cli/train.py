@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
+
+import torch
 
 from dflash_core.dtypes import SHORT_NAMES
 from dflash_core.errors import ConfigError
 from dflash_core.fileio import guard_output
-from dflash_core.loading import load_target, load_tokenizer
+from dflash_core.loading import load_tokenizer
 from dflash_core.training.data import read_prompts
 from dflash_core.training.recipe import DISTILL_MODES, TrainConfig
 
 from . import flags
-from .common import add_runtime_args, apply_threads
+from .common import add_runtime_args, apply_threads, load_target_in
 
 
 def add_parser(commands) -> None:
@@ -46,7 +49,8 @@ def add_parser(commands) -> None:
     p.add_argument("--grad-accum", type=flags.integer(1), default=d.grad_accum)
     p.add_argument("--clip", type=flags.number(above=0.0), default=d.grad_clip)
     p.add_argument("--max-length", type=flags.integer(3), default=d.max_length)
-    p.add_argument("--no-bf16", action="store_true", help="train without bf16 autocast")
+    p.add_argument("--no-bf16", action="store_true",
+                   help="train in fp32 even where --dtype picks bf16 (same as --dtype fp32)")
     p.add_argument("--distill", type=flags.one_of(DISTILL_MODES), default=d.distill,
                    help="labels: hard (the data's tokens), soft (the target's full next-token distribution) or "
                         "mix ((1-W)*hard + W*soft)")
@@ -69,7 +73,7 @@ def add_parser(commands) -> None:
     p.add_argument("--eval-max-new-tokens", type=flags.integer(1), default=64)
     p.add_argument("--save-dtype", choices=SHORT_NAMES, default="bf16")
     p.add_argument("--no-progress", action="store_true")
-    add_runtime_args(p)
+    add_runtime_args(p, default_dtype="auto", allow_auto=True)
     p.set_defaults(run=run)
 
 
@@ -90,7 +94,7 @@ def run(args) -> int:
         args.target_layer_ids), anchors=args.anchors, gamma=args.gamma, learning_rate=args.lr,
         weight_decay=args.weight_decay, warmup_ratio=args.warmup_ratio, epochs=args.epochs, max_steps=args.max_steps,
         batch_size=args.batch_size, grad_accum=args.grad_accum, grad_clip=args.clip, max_length=args.max_length,
-        bf16=not args.no_bf16, seed=args.seed, distill=args.distill, distill_weight=args.distill_weight,
+        seed=args.seed, distill=args.distill, distill_weight=args.distill_weight,
         distill_temperature=args.distill_temperature, feature_layers=args.feature_layers,
         init_from_target=args.init_from_target, mask_token=args.mask_token)
     eval_prompts = read_prompts(args.eval_prompts)[: args.eval_count] if args.eval_prompts else []
@@ -99,8 +103,15 @@ def run(args) -> int:
     guard_output(args.out, inputs, force=args.force, is_own_state=lambda out: (out / STATE_DIR).is_dir())
     place = init_distributed(args.device)
     data = load_data(args.data)
-    dtype = "fp32" if args.no_bf16 else args.dtype
-    target = load_target(args.target, (), dtype, str(place.device))
+    # bf16 autocast exactly when the target runs in bf16: 'auto' picks it only where it is measured faster
+    target, dtype = load_target_in(args.target, "fp32" if args.no_bf16 else args.dtype, str(place.device),
+                                   args.block_size)
+    if place.world > 1:  # every process must train in one precision: bf16 only if all of them picked it
+        agreed = torch.tensor([int(dtype == torch.bfloat16)], device=place.device)
+        torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN)
+        dtype = torch.bfloat16 if agreed.item() else torch.float32
+        target.model.to(dtype)
+    train = replace(train, bf16=dtype == torch.bfloat16)
     options = RunOptions(out=args.out, checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
                          eval_prompts=eval_prompts, eval_max_new_tokens=args.eval_max_new_tokens,
                          save_dtype=args.save_dtype, progress=not args.no_progress)

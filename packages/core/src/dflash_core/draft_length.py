@@ -22,9 +22,16 @@ prior is its predecessor's estimate with the same 3 pseudo-counts, p_i = (accept
 `memory` (0.9) per observed row, so the estimate follows the last ~10 steps of the request.
 
 Exploration: once the policy settles on k = 0 no drafts are verified and nothing new is learnt,
-so after 2, 4, 8, ... consecutive plain steps (capped at 32) one step drafts anyway, with the
-best k >= 1. The gap doubles after each such retry and returns to 2 whenever the policy chooses
-to draft on its own, so a drafter that starts accepting again is noticed within a few retries.
+so now and then one step drafts anyway (a retry, with the best k >= 1). Retries are paid from a
+time budget: a retry costs T(k) - T(0) more than a plain step, and it is taken only once the plain
+steps since the last drafting step have lasted that extra cost / `explore_share` (5%). So on a
+prompt where the drafter never helps, retries cost at most ~5% of the time, whatever the machine:
+where drafting is cheap (a GPU: the verify width is nearly free) retries come every few steps, and
+where it is dear (an AVX2 CPU, where verifying 2 tokens costs 1.7 plain steps and a drafter pass
+0.7) only every few dozen. (A fixed schedule of retries after 2, 4, 8, ..., 32 plain steps lost up
+to 21% on such prompts there.) A retry that has a draft accepted is followed by another at once
+(and so on while they pay), so a drafter that starts agreeing again gathers the evidence to be
+chosen on its own within a few steps.
 """
 
 from __future__ import annotations
@@ -46,6 +53,8 @@ from .target_cache import truncate_cache
 
 PRIOR = (2.0, 1.0)  # Beta(accepted, rejected) pseudo-counts per draft position: mean 2/3
 IDLE_MEMORY = 0.98  # evidence kept per plain step: rejections seen 35 plain steps ago weigh half
+MIN_PRIOR_WEIGHT = 0.05  # the prior never fades below 0.15 pseudo-counts (keeps unreached positions defined)
+EXPLORE_SHARE = 0.05  # retries while settled on k = 0 may cost this share of the plain steps' time
 
 
 @dataclass(frozen=True)
@@ -170,32 +179,38 @@ class DraftLengthPolicy:
     """Per request: choose how many drafts to verify each step, learn from what was accepted."""
 
     def __init__(self, costs: VerifyCostTable, block_size: int | None = None, *, memory: float = 0.9,
-                 max_explore_gap: int = 32) -> None:
+                 explore_share: float = EXPLORE_SHARE) -> None:
         block_size = costs.block_size if block_size is None else block_size
         if not 1 <= block_size <= costs.block_size:
             raise ValueError(f"block_size {block_size} is outside 1..{costs.block_size} (the cost table's length)")
         if not 0.0 < memory <= 1.0:
             raise ValueError(f"memory must be in (0, 1], got {memory}")
-        if max_explore_gap < 2:
-            raise ValueError(f"max_explore_gap must be >= 2, got {max_explore_gap}")
+        if not 0.0 < explore_share < 1.0:
+            raise ValueError(f"explore_share must be in (0, 1), got {explore_share}")
         self.costs, self.block_size = costs, block_size
-        self.memory, self.max_explore_gap = memory, max_explore_gap
+        self.memory, self.explore_share = memory, explore_share
         self.reached = [0.0] * (block_size - 1)  # index i-1: draft position i
         self.accepted = [0.0] * (block_size - 1)
-        self.plain_steps = 0  # consecutive k = 0 steps since the last drafting step
-        self.explore_gap = 2
+        self.plain_s = 0.0  # modelled seconds of the k = 0 steps since the last drafting step
+        self.prior_weight = 1.0  # the prior's pseudo-counts age like observations
+        self.retrying = False  # this step drafts only to explore (the estimates said k = 0)
+        self.paid_off = False  # a row of the last retry had a draft accepted: retry again at once
 
     # ---- estimates ---------------------------------------------------------------------------
     def acceptance(self) -> tuple[float, ...]:
         """p_i for i = 1..B-1: posterior mean of draft i's acceptance given all before it accepted.
 
         A chain of priors: position 1 starts from Beta(2, 1) (mean 2/3); position i's prior has the
-        same strength (3 pseudo-counts) around position i-1's estimate. So a position not reached
-        yet is believed no better than the one before it: two rejections of draft 1 make a long
-        block look poor at once, instead of leaving positions 2..B-1 at the optimistic 2/3.
+        same strength around position i-1's estimate. So a position not reached yet is believed no
+        better than the one before it: two rejections of draft 1 make a long block look poor at once,
+        instead of leaving positions 2..B-1 at the optimistic 2/3. The prior's 3 pseudo-counts age
+        with the evidence (`prior_weight`): were they kept whole against ~10 decayed observations,
+        they would hold p_1 at >= 2/13 on a drafter that is never right, and where drafting is cheap
+        (a GPU) the policy would keep drafting for nothing.
         """
         a, b = PRIOR
-        strength, mean, estimates = a + b, a / (a + b), []
+        strength = (a + b) * max(self.prior_weight, MIN_PRIOR_WEIGHT)
+        mean, estimates = a / (a + b), []
         for acc, n in zip(self.accepted, self.reached):
             mean = (acc + strength * mean) / (n + strength)
             estimates.append(mean)
@@ -215,37 +230,40 @@ class DraftLengthPolicy:
 
     # ---- decisions ---------------------------------------------------------------------------
     def choose(self, rows: int = 1) -> int:
-        """k for this step (one for all `rows` rows of the batch); counts plain steps for exploration."""
+        """k for this step (one for all `rows` rows of the batch); retries drafting within the time budget."""
         if rows < 1:
             raise ValueError(f"rows must be >= 1, got {rows}")
         rates = self.rates(rows)
         best = max(range(len(rates)), key=lambda k: (rates[k], -k))  # ties: the cheaper step
+        paid_off, self.retrying, self.paid_off = self.paid_off, False, False
         if best > 0:
-            self.plain_steps, self.explore_gap = 0, 2
+            self.plain_s = 0.0
             return best
         if self.block_size == 1:
             return 0
-        self.plain_steps += 1
-        if self.plain_steps <= self.explore_gap:
-            return 0
-        # retry drafting: the best k >= 1 under today's estimates; wait twice as long next time
-        self.plain_steps = 0
-        self.explore_gap = min(2 * self.explore_gap, self.max_explore_gap)
-        return max(range(1, len(rates)), key=lambda k: (rates[k], -k))
+        retry = max(range(1, len(rates)), key=lambda k: (rates[k], -k))  # the best k >= 1 today
+        plain = self.costs.step(0, rows)
+        if paid_off or self.plain_s * self.explore_share >= self.costs.step(retry, rows) - plain:
+            self.plain_s, self.retrying = 0.0, True  # the retry spends the budget the plain steps earned
+            return retry
+        self.plain_s += plain
+        return 0
 
     def observe(self, k_verified: int, accepted: int) -> None:
         """One row's outcome: `accepted` of the `k_verified` drafts it verified were accepted."""
         if not 0 <= accepted <= k_verified <= self.block_size - 1:
             raise ValueError(f"observed {accepted} accepted of {k_verified} verified drafts; expected "
                              f"0 <= accepted <= verified <= {self.block_size - 1}")
-        # evidence ages: by `memory` per observed drafting row, by IDLE_MEMORY per plain step (which says
-        # nothing about the drafter), so old rejections fade and the drafter is tried again in time
+        # evidence (prior included) ages: by `memory` per observed drafting row, by IDLE_MEMORY per plain
+        # step (which says nothing about the drafter), so a retry's outcome outweighs old rejections
         decay = IDLE_MEMORY if k_verified == 0 else self.memory
+        self.prior_weight *= decay
         for i in range(self.block_size - 1):
             self.reached[i] *= decay
             self.accepted[i] *= decay
         if k_verified == 0:
             return
+        self.paid_off = self.paid_off or (self.retrying and accepted > 0)
         for i in range(min(accepted + 1, k_verified)):  # positions 1..a accepted, a+1 (if verified) rejected
             self.reached[i] += 1.0
             self.accepted[i] += 1.0 if i < accepted else 0.0

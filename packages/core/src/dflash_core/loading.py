@@ -56,6 +56,21 @@ def load_target(path: str | os.PathLike, layer_ids=(), dtype: str | torch.dtype 
     return TargetModel(model.to(device).eval(), layer_ids)
 
 
+def load_target_auto(path: str | os.PathLike, layer_ids=(), block_size: int = 16,
+                     device: str | torch.device = "cpu") -> tuple[TargetModel, torch.dtype, str]:
+    """`load_target` in the precision `dtype='auto'` picks: (target, its dtype, one line naming the choice and why).
+
+    The target is loaded in fp32, probed (`dflash_core.auto_dtype`: forwards over 1 and `block_size` new
+    tokens, cached per machine and model) and cast to bf16 only where bf16 is measured faster here.
+    Training and data generation use it too: on a CPU without bf16 hardware they are several times
+    faster in fp32.
+    """
+    target = load_target(path, layer_ids, "fp32", device)
+    chosen, reason = resolve_auto_dtype(target.model, block_size, device=torch.device(device))
+    target.model.to(chosen)
+    return target, chosen, reason
+
+
 def load_tokenizer(path: str | os.PathLike):
     from transformers import AutoTokenizer
 
@@ -107,10 +122,7 @@ def load_pair(target_dir: str | os.PathLike, drafter_dir: str | os.PathLike, *, 
     else:
         if dtype == "auto":
             config = DFlashConfig.from_pretrained(drafter_dir)
-            target = load_target(target_dir, config.target_layer_ids, "fp32", device)
-            chosen, reason = resolve_auto_dtype(target.model, config.block_size, device=device)
-            target.model.to(chosen)
-            dtype = chosen
+            target, dtype, reason = load_target_auto(target_dir, config.target_layer_ids, config.block_size, device)
             notes.append(f"dtype {reason}")
         else:
             target = None

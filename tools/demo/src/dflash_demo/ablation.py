@@ -23,14 +23,14 @@ from pathlib import Path
 
 import torch
 
-from dflash_core.loading import load_target, load_tokenizer
+from dflash_core.loading import load_tokenizer
 from dflash_core.textfiles import read_json_object
 from dflash_core.training.data import read_prompts
 from dflash_core.training.recipe import TrainConfig
 from dflash_core.training.train_state import STATE_FILE
 from dflash_core.training.trainer import STATE_DIR, Distributed, RunOptions, Trainer, load_data
 
-from .build import DemoRecipe
+from .build import DemoRecipe, load_demo_target
 from .heldout import heldout_tau
 
 LEVERS: dict[str, dict] = {
@@ -53,7 +53,7 @@ class _Setup:
 
     def __init__(self, models: Path, data: Path, device: str, eval_prompts: int, eval_tokens: int) -> None:
         self.models, self.device = models, device
-        self.target = load_target(models / "target", (), "bf16", device)
+        self.target, self.bf16 = load_demo_target(models, DemoRecipe(), device)
         self.tokenizer = load_tokenizer(models / "target")
         self.data = load_data(data)
         self.prompts = read_prompts(models / "heldout.jsonl")[:eval_prompts]
@@ -71,10 +71,10 @@ class _Setup:
         return taus["fp32"]["T=0"]
 
 
-def lever_config(name: str, recipe: DemoRecipe) -> TrainConfig:
+def lever_config(name: str, recipe: DemoRecipe, bf16: bool = True) -> TrainConfig:
     if name not in LEVERS:
         raise SystemExit(f"ablation: unknown lever {name!r}; expected some of {', '.join(LEVERS)}")
-    return replace(recipe.train_config(), **LEVERS[name])
+    return replace(recipe.train_config(bf16=bf16), **LEVERS[name])
 
 
 def seconds_per_step(setup: _Setup, train: TrainConfig, scratch: Path) -> float:
@@ -101,7 +101,7 @@ def planned_steps(run: Path) -> int | None:
 def ablate(setup: _Setup, names: list[str], recipe: DemoRecipe, budget_s: float, work: Path) -> list[dict]:
     rows = []
     for name in names:
-        train = lever_config(name, recipe)
+        train = lever_config(name, recipe, setup.bf16)
         run = work / f"budget-{budget_s:g}s" / name
         steps = planned_steps(run)
         per_step = None
@@ -120,7 +120,7 @@ def ablate(setup: _Setup, names: list[str], recipe: DemoRecipe, budget_s: float,
 
 def curve(setup: _Setup, name: str, recipe: DemoRecipe, steps: int, eval_every: int, work: Path) -> dict:
     """Held-out tau every `eval_every` steps of one setting; tokens = steps x batch x mean sample length."""
-    train = replace(lever_config(name, recipe), max_steps=steps)
+    train = replace(lever_config(name, recipe, setup.bf16), max_steps=steps)
     report = setup.trainer(train, work / f"curve-{name}-{steps}", eval_every=eval_every).run()
     index = setup.data.index
     mean_tokens = sum(s["tokens"] for s in index["shards"]) / max(1, sum(s["samples"] for s in index["shards"]))

@@ -41,12 +41,26 @@ class DemoRecipe:
     eval_every: int = 500
     eval_prompts: int = 8
 
-    def train_config(self, layers: int | None = None, block_size: int | None = None):
+    def train_config(self, layers: int | None = None, block_size: int | None = None, *, bf16: bool = True):
         from dflash_core.training.recipe import TrainConfig
 
         return TrainConfig(draft_layers=layers or self.draft_layers, block_size=block_size or self.block_size,
                            anchors=self.anchors, batch_size=self.batch_size, epochs=self.epochs,
-                           learning_rate=self.learning_rate, max_length=1024)
+                           learning_rate=self.learning_rate, max_length=1024, bf16=bf16)
+
+
+def load_demo_target(out: Path, recipe: DemoRecipe, device: str):
+    """The demo target for data and training, in the precision `dtype='auto'` picks on this machine.
+
+    bf16 where this machine runs it faster (CUDA, AMX, AVX512-BF16), else fp32: on an AVX2-only CPU bf16 is
+    emulated and the data stage runs 3.5x, a training step about 9x slower in bf16 (docs/training.md).
+    Returns (target, bf16: whether training should autocast to bf16).
+    """
+    from dflash_core.loading import load_target_auto
+
+    target, dtype, reason = load_target_auto(out / "target", (), recipe.block_size, device)
+    print(f"demo target dtype {reason}", flush=True)
+    return target, dtype == torch.bfloat16
 
 
 def build_tokenizer(split: CorpusSplit, work: Path) -> PreTrainedTokenizerFast:
@@ -99,11 +113,11 @@ def build_prompts(work: Path, out: Path, recipe: DemoRecipe) -> tuple[Path, Path
 
 def build_data(work: Path, out: Path, train_prompts: Path, recipe: DemoRecipe, *, device: str = "cpu",
                batch_size: int = 64) -> Path:
-    from dflash_core.loading import load_target, load_tokenizer
+    from dflash_core.loading import load_tokenizer
     from dflash_core.training.data import DataSettings, generate_responses, prompts_fingerprint, read_prompts, target_fingerprint
 
     data = work / "data"
-    target = load_target(out / "target", (), "bf16", device)
+    target, _ = load_demo_target(out, recipe, device)
     prompts = read_prompts(train_prompts)
     settings = DataSettings(target=target_fingerprint(out / "target"), prompts=prompts_fingerprint(prompts),
                             responses=recipe.responses, max_new_tokens=recipe.response_tokens, seed=0)
@@ -114,16 +128,17 @@ def build_data(work: Path, out: Path, train_prompts: Path, recipe: DemoRecipe, *
 def build_drafter(work: Path, out: Path, data: Path, heldout: Path, recipe: DemoRecipe, layers: int | None = None,
                   block_size: int | None = None, run_name: str = "drafter_run", *, device: str = "cpu",
                   eval_max_new_tokens: int = 128) -> Path:
-    from dflash_core.loading import load_target, load_tokenizer
+    from dflash_core.loading import load_tokenizer
     from dflash_core.training.data import read_prompts
     from dflash_core.training.trainer import Distributed, RunOptions, Trainer, load_data
 
-    train = recipe.train_config(layers, block_size)
+    target, bf16 = load_demo_target(out, recipe, device)
+    train = recipe.train_config(layers, block_size, bf16=bf16)
     run = work / run_name
     options = RunOptions(out=run, checkpoint_every=50, eval_every=recipe.eval_every,
                          eval_prompts=read_prompts(heldout)[: recipe.eval_prompts],
                          eval_max_new_tokens=eval_max_new_tokens)
-    trainer = Trainer(load_target(out / "target", (), "bf16", device), load_tokenizer(out / "target"), load_data(data),
+    trainer = Trainer(target, load_tokenizer(out / "target"), load_data(data),
                       train, options, Distributed(device=torch.device(device)))
     report = trainer.run()
     timings = report["timings"]

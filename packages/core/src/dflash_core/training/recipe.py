@@ -66,8 +66,9 @@ class TrainConfig:
     mask_token: str = MASK_TOKEN
     """The drafter's mask token: <|MASK|> (added when absent), or an existing token of the vocabulary."""
 
-    # fields that may change between a run and its resumption
-    RESUMABLE_CHANGES = ("max_steps", "epochs")
+    # fields that may change between a run and its resumption (bf16 follows the machine a run resumes on
+    # under --dtype auto: the weights and optimizer state carry over; only that step's rounding differs)
+    RESUMABLE_CHANGES = ("max_steps", "epochs", "bf16")
 
     def __post_init__(self) -> None:
         checks = [
