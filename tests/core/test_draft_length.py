@@ -120,3 +120,18 @@ def test_measure_cost_table_on_tiny_models():
     assert table.draft_s >= 0 and table.head_s >= 0 and table.draft_s + table.head_s > 0
     assert list(table.seconds) == sorted(table.seconds)  # more tokens never cost less
     assert DraftLengthPolicy(table).choose() in range(4)
+
+
+@pytest.mark.parametrize("rows_accepting, again", [(1, False), (8, True), (16, True)])
+def test_a_retry_is_repeated_at_once_only_if_its_rows_accepted_half_their_drafts(rows_accepting, again):
+    policy = DraftLengthPolicy(VerifyCostTable(seconds=(1.0, 1.68, 2.03, 2.03), draft_s=0.69))
+    for _ in range(400):  # a drafter that is never right: settled on k = 0, retrying out of the budget
+        k = policy.choose(16)
+        for _ in range(16):
+            policy.observe(k, 0)
+    while (k := policy.choose(16)) == 0:  # the next retry
+        for _ in range(16):
+            policy.observe(0, 0)
+    for row in range(16):  # k drafts verified per row; only some rows get them all accepted
+        policy.observe(k, k if row < rows_accepting else 0)
+    assert (policy.choose(16) > 0) is again

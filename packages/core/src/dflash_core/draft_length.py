@@ -29,9 +29,10 @@ prompt where the drafter never helps, retries cost at most ~5% of the time, what
 where drafting is cheap (a GPU: the verify width is nearly free) retries come every few steps, and
 where it is dear (an AVX2 CPU, where verifying 2 tokens costs 1.7 plain steps and a drafter pass
 0.7) only every few dozen. (A fixed schedule of retries after 2, 4, 8, ..., 32 plain steps lost up
-to 21% on such prompts there.) A retry that has a draft accepted is followed by another at once
-(and so on while they pay), so a drafter that starts agreeing again gathers the evidence to be
-chosen on its own within a few steps.
+to 21% on such prompts there.) A retry whose rows accepted at least half their drafts is followed
+by another at once (and so on while they do), so a drafter that starts agreeing again gathers the
+evidence to be chosen on its own within a few steps; in a batch that is judged on all rows together
+(one row's lucky draft does not keep 16 rows drafting).
 """
 
 from __future__ import annotations
@@ -193,8 +194,8 @@ class DraftLengthPolicy:
         self.accepted = [0.0] * (block_size - 1)
         self.plain_s = 0.0  # modelled seconds of the k = 0 steps since the last drafting step
         self.prior_weight = 1.0  # the prior's pseudo-counts age like observations
-        self.retrying = False  # this step drafts only to explore (the estimates said k = 0)
-        self.paid_off = False  # a row of the last retry had a draft accepted: retry again at once
+        self.retry = (0, 0)  # (k, rows) of this step when it drafts only to explore, else k = 0
+        self.retry_accepted = 0  # drafts accepted by the rows of that retry so far
 
     # ---- estimates ---------------------------------------------------------------------------
     def acceptance(self) -> tuple[float, ...]:
@@ -235,7 +236,8 @@ class DraftLengthPolicy:
             raise ValueError(f"rows must be >= 1, got {rows}")
         rates = self.rates(rows)
         best = max(range(len(rates)), key=lambda k: (rates[k], -k))  # ties: the cheaper step
-        paid_off, self.retrying, self.paid_off = self.paid_off, False, False
+        paid_off = self._retry_paid_off()
+        self.retry, self.retry_accepted = (0, 0), 0
         if best > 0:
             self.plain_s = 0.0
             return best
@@ -244,10 +246,20 @@ class DraftLengthPolicy:
         retry = max(range(1, len(rates)), key=lambda k: (rates[k], -k))  # the best k >= 1 today
         plain = self.costs.step(0, rows)
         if paid_off or self.plain_s * self.explore_share >= self.costs.step(retry, rows) - plain:
-            self.plain_s, self.retrying = 0.0, True  # the retry spends the budget the plain steps earned
+            self.plain_s, self.retry = 0.0, (retry, rows)  # the retry spends the budget the plain steps earned
             return retry
         self.plain_s += plain
         return 0
+
+    def _retry_paid_off(self) -> bool:
+        """Whether the last step was a retry whose rows accepted at least half their drafts on average.
+
+        Not "any draft accepted": in a batch one row's lucky draft would keep every row drafting. Not
+        "as fast as plain steps" either: a retry verifies few drafts (often k = 1), which on a CPU
+        cannot pay for its drafter pass even when all are right, and recovery would wait for the budget.
+        """
+        k, rows = self.retry
+        return k > 0 and 2 * self.retry_accepted >= k * rows
 
     def observe(self, k_verified: int, accepted: int) -> None:
         """One row's outcome: `accepted` of the `k_verified` drafts it verified were accepted."""
@@ -263,7 +275,7 @@ class DraftLengthPolicy:
             self.accepted[i] *= decay
         if k_verified == 0:
             return
-        self.paid_off = self.paid_off or (self.retrying and accepted > 0)
+        self.retry_accepted += accepted
         for i in range(min(accepted + 1, k_verified)):  # positions 1..a accepted, a+1 (if verified) rejected
             self.reached[i] += 1.0
             self.accepted[i] += 1.0 if i < accepted else 0.0

@@ -124,8 +124,9 @@ def curve(setup: _Setup, name: str, recipe: DemoRecipe, steps: int, eval_every: 
     report = setup.trainer(train, work / f"curve-{name}-{steps}", eval_every=eval_every).run()
     index = setup.data.index
     mean_tokens = sum(s["tokens"] for s in index["shards"]) / max(1, sum(s["samples"] for s in index["shards"]))
+    last = dict(report["tau_history"])  # the final evaluation repeats the periodic one at the last step
     points = [{"step": step, "tokens": int(step * train.batch_size * train.grad_accum * mean_tokens), "tau": tau}
-              for step, tau in report["tau_history"]]
+              for step, tau in sorted(last.items())]
     return {"lever": name, "steps": steps, "eval_every": eval_every, "points": points}
 
 
