@@ -4,17 +4,20 @@
     python -m dflash_demo.ablation --curve soft --curve-steps 4000 --eval-every 250
 
 Ablation: every lever of `LEVERS` changes the demo recipe (`DemoRecipe`) in one way and trains for the
-same wall-clock budget: each run is timed for a few steps first, then trained for budget / step time
-steps (so deeper drafters or more anchors get fewer steps, as at equal cost they would). Each result is
-the held-out tau (whole block of 16 verified every step, greedy, fp32, `models/demo/heldout.jsonl`).
+same wall-clock budget: all levers are first timed round-robin (one step of each in turn, so under the
+same machine load), then each is trained for budget / its step time steps (so deeper drafters or more
+anchors get fewer steps, as at equal cost they would); the `data-*` levers train the baseline on the
+first part of the data (how tau grows with data). Each result is the held-out tau (whole block of 16
+verified every step, greedy, fp32, `models/demo/heldout.jsonl`).
 Curve: one setting trained with a held-out evaluation every N steps; tau against training tokens.
-Writes `ablation.{json,md,png}` / `learning_curve.{json,md,png}` under --out; runs live under
+Writes `NAME.{json,md,png}` (--name, default ablation) / `learning_curve.{json,md,png}` under --out; runs live under
 --work/ablation and resume (a finished run is only evaluated).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import shutil
 import sys
 import time
@@ -23,9 +26,10 @@ from pathlib import Path
 
 import torch
 
+from dflash_core.fileio import write_json
 from dflash_core.loading import load_tokenizer
 from dflash_core.textfiles import read_json_object
-from dflash_core.training.data import read_prompts
+from dflash_core.training.data import TokenDataset, read_prompts
 from dflash_core.training.recipe import TrainConfig
 from dflash_core.training.train_state import STATE_FILE
 from dflash_core.training.trainer import STATE_DIR, Distributed, RunOptions, Trainer, load_data
@@ -44,8 +48,12 @@ LEVERS: dict[str, dict] = {
     "init-target": {"init_from_target": True},
     "depth-2": {"draft_layers": 2, "feature_layers": 1},  # depth alone: the features stay the baseline's
     "depth-3": {"draft_layers": 3, "feature_layers": 1},
+    "data-quarter": {},  # the baseline on the first part of the data (DATA_SHARES): how tau grows with data
+    "data-half": {},
 }
-TIMED_STEPS = 3  # steps timed (after one warm-up) to turn the budget into a step count
+DATA_SHARES = {"data-quarter": 0.25, "data-half": 0.5}
+TIMED_STEPS = 3  # steps timed per lever (after one warm-up) to turn the budget into a step count
+STEP_TIMES_FILE = "step_times.json"  # per budget folder: the seconds per step every lever was given
 
 
 class _Setup:
@@ -59,16 +67,27 @@ class _Setup:
         self.prompts = read_prompts(models / "heldout.jsonl")[:eval_prompts]
         self.eval_tokens = eval_tokens
 
-    def trainer(self, train: TrainConfig, out: Path, eval_every: int = 0) -> Trainer:
+    def trainer(self, train: TrainConfig, out: Path, eval_every: int = 0, data_share: float = 1.0) -> Trainer:
         options = RunOptions(out=out, checkpoint_every=50, eval_every=eval_every,
                              eval_prompts=self.prompts if eval_every else [], eval_max_new_tokens=self.eval_tokens)
-        return Trainer(self.target, self.tokenizer, self.data, train, options,
-                       Distributed(device=torch.device(self.device)))
+        data = first_shards(self.data, data_share) if data_share < 1 else self.data
+        return Trainer(self.target, self.tokenizer, data, train, options, Distributed(device=torch.device(self.device)))
 
     def tau(self, drafter: Path) -> float:
         taus = heldout_tau(self.models / "target", drafter, self.prompts, max_new_tokens=self.eval_tokens,
                            device=self.device, dtypes=("fp32",), temperatures=(0.0,))
         return taus["fp32"]["T=0"]
+
+
+def first_shards(data: TokenDataset, share: float) -> TokenDataset:
+    """The data set cut to its first `share` of shards (whole shards: the fingerprint a run is resumed
+    against stays a function of the shards it trains on)."""
+    shards = data.index["shards"]
+    kept = shards[: max(1, round(len(shards) * share))]
+    part = copy.copy(data)
+    part.index = {**data.index, "shards": kept}
+    part.samples = data.samples[: sum(shard["samples"] for shard in kept)]
+    return part
 
 
 def lever_config(name: str, recipe: DemoRecipe, bf16: bool = True) -> TrainConfig:
@@ -77,17 +96,42 @@ def lever_config(name: str, recipe: DemoRecipe, bf16: bool = True) -> TrainConfi
     return replace(recipe.train_config(bf16=bf16), **LEVERS[name])
 
 
-def seconds_per_step(setup: _Setup, train: TrainConfig, scratch: Path) -> float:
-    """Wall time of one optimizer step of this setting on this machine (fastest of TIMED_STEPS)."""
-    trainer = setup.trainer(replace(train, max_steps=1000), scratch)
-    trainer.train_step()  # warm-up
-    times = []
-    for _ in range(TIMED_STEPS):
-        started = time.perf_counter()
-        trainer.train_step()
-        times.append(time.perf_counter() - started)
+def time_levers(setup: _Setup, names: list[str], recipe: DemoRecipe, scratch: Path) -> dict[str, float]:
+    """Seconds per optimizer step of each lever on this machine (fastest of TIMED_STEPS after a warm-up).
+
+    Round-robin, one step of each lever in turn, so every lever is timed under the same load: timed one
+    after another, a lever timed while something else ran beside it looked 20% faster or slower than it is.
+    """
+    trainers = {name: setup.trainer(replace(lever_config(name, recipe, setup.bf16), max_steps=1000), scratch / name)
+                for name in names}
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for round_ in range(TIMED_STEPS + 1):
+        for name, trainer in trainers.items():
+            setup.target.set_layer_ids(trainer.drafter.config.target_layer_ids)  # the target is shared
+            started = time.perf_counter()
+            trainer.train_step()
+            if round_:  # round 0 is the warm-up
+                times[name].append(time.perf_counter() - started)
     shutil.rmtree(scratch, ignore_errors=True)
-    return min(times)
+    return {name: min(values) for name, values in times.items()}
+
+
+def step_times(setup: _Setup, names: list[str], recipe: DemoRecipe, budget_dir: Path, scratch: Path) -> dict[str, float]:
+    """Seconds per step of every lever of this budget, kept in `budget_dir/step_times.json`.
+
+    A lever added to a budget later is timed round-robin beside the baseline and scaled by the ratio of the
+    baseline's stored time to its time now, so its step count stays comparable with the levers timed before.
+    """
+    path = budget_dir / STEP_TIMES_FILE
+    stored = {k: float(v) for k, v in read_json_object(path).items()} if path.is_file() else {}
+    missing = [name for name in names if name not in stored]
+    if missing:
+        timed = time_levers(setup, ["baseline"] + [n for n in missing if n != "baseline"], recipe, scratch)
+        scale = stored["baseline"] / timed["baseline"] if "baseline" in stored else 1.0
+        stored.update({name: timed[name] * scale for name in missing})
+        stored.setdefault("baseline", timed["baseline"])
+        write_json(path, stored)
+    return stored
 
 
 def planned_steps(run: Path) -> int | None:
@@ -99,21 +143,20 @@ def planned_steps(run: Path) -> int | None:
 
 
 def ablate(setup: _Setup, names: list[str], recipe: DemoRecipe, budget_s: float, work: Path) -> list[dict]:
+    budget_dir = work / f"budget-{budget_s:g}s"
+    per_step = step_times(setup, names, recipe, budget_dir, work / "scratch")
     rows = []
     for name in names:
         train = lever_config(name, recipe, setup.bf16)
-        run = work / f"budget-{budget_s:g}s" / name
-        steps = planned_steps(run)
-        per_step = None
-        if steps is None:
-            per_step = seconds_per_step(setup, train, work / "scratch" / name)
-            steps = max(1, int(budget_s / per_step))
+        run = budget_dir / name
+        steps = planned_steps(run) or max(1, int(budget_s / per_step[name]))
         started = time.perf_counter()
-        report = setup.trainer(replace(train, max_steps=steps), run).run()
+        report = setup.trainer(replace(train, max_steps=steps), run, data_share=DATA_SHARES.get(name, 1.0)).run()
         trained_s = time.perf_counter() - started
-        rows.append({"lever": name, "changes": LEVERS[name], "steps": steps, "seconds_per_step": per_step,
-                     "train_s": round(trained_s, 1), "final_loss": report["history"][-1] if report["history"] else None,
-                     "tau": setup.tau(run)})
+        changes = LEVERS[name] or ({"data": f"first {DATA_SHARES[name]:g} of the shards"} if name in DATA_SHARES else {})
+        rows.append({"lever": name, "changes": changes, "steps": steps,
+                     "seconds_per_step": round(per_step[name], 3), "train_s": round(trained_s, 1),
+                     "final_loss": report["history"][-1] if report["history"] else None, "tau": setup.tau(run)})
         print(f"{name}: {steps} steps, held-out tau {rows[-1]['tau']:.3f}", flush=True)
     return rows
 
@@ -121,7 +164,8 @@ def ablate(setup: _Setup, names: list[str], recipe: DemoRecipe, budget_s: float,
 def curve(setup: _Setup, name: str, recipe: DemoRecipe, steps: int, eval_every: int, work: Path) -> dict:
     """Held-out tau every `eval_every` steps of one setting; tokens = steps x batch x mean sample length."""
     train = replace(lever_config(name, recipe, setup.bf16), max_steps=steps)
-    report = setup.trainer(train, work / f"curve-{name}-{steps}", eval_every=eval_every).run()
+    report = setup.trainer(train, work / f"curve-{name}-{steps}", eval_every=eval_every,
+                           data_share=DATA_SHARES.get(name, 1.0)).run()
     index = setup.data.index
     mean_tokens = sum(s["tokens"] for s in index["shards"]) / max(1, sum(s["samples"] for s in index["shards"]))
     last = dict(report["tau_history"])  # the final evaluation repeats the periodic one at the last step
@@ -138,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=Path("runs/demo/data"), help="`make models` data stage")
     parser.add_argument("--work", type=Path, default=Path("runs/demo/ablation"))
     parser.add_argument("--out", type=Path, default=Path("docs/results"))
+    parser.add_argument("--name", default="ablation", help="report name: NAME.{json,md,png} under --out")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--budget-s", type=float, default=900.0, help="wall-clock training budget of every lever")
     parser.add_argument("--only", default="", help=f"comma-separated levers (default all: {', '.join(LEVERS)})")
@@ -164,14 +209,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     names = [n.strip() for n in args.only.split(",") if n.strip()] or list(LEVERS)
     rows = ablate(setup, names, recipe, args.budget_s, args.work)
-    write_report(args.out, "ablation", title=f"Recipe levers at {args.budget_s:g} s of training each (demo pair)",
+    write_report(args.out, args.name, title=f"Recipe levers at {args.budget_s:g} s of training each (demo pair)",
                  command=command, columns=["lever", "changes", "steps", "s/step", "final loss", "held-out tau"],
-                 rows=[[r["lever"], r["changes"] or "-", r["steps"], r["seconds_per_step"] or "resumed",
+                 rows=[[r["lever"], r["changes"] or "-", r["steps"], r["seconds_per_step"],
                         r["final_loss"], r["tau"]] for r in rows],
                  data={"rows": rows, "budget_s": args.budget_s},
                  notes=[note, "every run: the demo recipe (DemoRecipe) with one change; steps = budget / the "
-                        "setting's own measured step time, so every lever costs the same wall-clock"])
-    plot_bars(args.out / "ablation.png", f"Held-out tau by recipe lever ({args.budget_s:g} s each)", "held-out tau",
+                        "setting's step time (all levers timed round-robin under the same load), so every lever "
+                        "costs the same wall-clock"])
+    plot_bars(args.out / f"{args.name}.png", f"Held-out tau by recipe lever ({args.budget_s:g} s each)", "held-out tau",
               [r["lever"] for r in rows], [r["tau"] for r in rows])
     return 0
 
