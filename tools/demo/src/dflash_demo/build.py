@@ -38,6 +38,9 @@ class DemoRecipe:
     batch_size: int = 8
     epochs: float = 3.0
     learning_rate: float = 6e-4
+    feature_layers: int | None = None  # target layers feeding the drafter (None: as many as draft layers)
+    init_from_target: bool = False
+    distill: str = "hard"
     eval_every: int = 500
     eval_prompts: int = 8
 
@@ -46,7 +49,8 @@ class DemoRecipe:
 
         return TrainConfig(draft_layers=layers or self.draft_layers, block_size=block_size or self.block_size,
                            anchors=self.anchors, batch_size=self.batch_size, epochs=self.epochs,
-                           learning_rate=self.learning_rate, max_length=1024, bf16=bf16)
+                           learning_rate=self.learning_rate, feature_layers=self.feature_layers,
+                           init_from_target=self.init_from_target, distill=self.distill, max_length=1024, bf16=bf16)
 
 
 def load_demo_target(out: Path, recipe: DemoRecipe, device: str):
