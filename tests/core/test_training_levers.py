@@ -244,7 +244,8 @@ def test_grouped_blocks_equal_one_attention_over_all_blocks(group):
         drafter.zero_grad(set_to_none=True)
     (ref, ref_grads), (got, got_grads) = results
     assert got.shape == ref.shape == (2, 4, 6, 32) and (got - ref).abs().max().item() <= 1e-5
-    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(got_grads, ref_grads))
+    for a, b in zip(got_grads, ref_grads):  # another summation order: equal up to fp32 rounding of the sums
+        assert (a - b).abs().max().item() <= 1e-5 * max(1.0, b.abs().max().item())
 
 
 # ---- precision: --dtype auto picks bf16 only where this machine runs it faster -----------------------
