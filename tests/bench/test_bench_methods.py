@@ -34,7 +34,8 @@ def _settings(pair, max_new_tokens=8) -> DecodeSettings:
 def test_runner_table_has_the_peers_and_one_signature(tiny):
     *_, pair = tiny
     assert {"ar", "dflash", "prompt_lookup"} <= set(methods.RUNNERS)
-    assert set(methods.DEFAULT_METHODS) == {"ar", "dflash", "dflash_full", "prompt_lookup", "assisted"}
+    assert set(methods.DEFAULT_METHODS) == {"ar", "dflash", "dflash_drafter", "dflash_full", "prompt_lookup",
+                                            "assisted"}
     ids = e2e.encode_prompts(pair, PROMPTS[:1], "cpu")
     batch = PromptBatch.of(ids, [0], pad_id=0)
     outputs = {name: runner(pair, batch, _settings(pair)) for name, runner in methods.RUNNERS.items()}
@@ -115,8 +116,9 @@ def test_bench_e2e_writes_json_markdown_and_plots(tiny, tmp_path, capsys):
 def test_bench_e2e_reports_dflash_full_tau_and_the_cost_model_ceiling(tiny, tmp_path, capsys):
     _, target, drafter, prompts, _ = tiny
     out = tmp_path / "out"
-    code = main(["bench", "e2e", "--methods", "ar,dflash,dflash_full", "--prompts", "2", "--max-new-tokens", "12",
-                 "--dtypes", "fp32", "--prompts-file", str(prompts), "--pair", f"t={target}:{drafter}", "--out", str(out)])
+    code = main(["bench", "e2e", "--methods", "ar,dflash,dflash_drafter,dflash_full", "--prompts", "2",
+                 "--max-new-tokens", "12", "--dtypes", "fp32", "--prompts-file", str(prompts),
+                 "--pair", f"t={target}:{drafter}", "--out", str(out)])
     assert code == 0, capsys.readouterr().err
     by = {r["method"]: r for r in json.loads((out / "e2e.json").read_text())["data"]["results"]}
     full, dflash = by["dflash_full"], by["dflash"]
@@ -128,6 +130,9 @@ def test_bench_e2e_reports_dflash_full_tau_and_the_cost_model_ceiling(tiny, tmp_
     assert len(dflash["ceiling_per_batch"]) == 2 and min(dflash["ceiling_per_batch"]) >= 1.0
     assert min(dflash["ceiling_per_batch"]) <= dflash["ceiling"] <= max(dflash["ceiling_per_batch"])
     assert dflash["of_ceiling"] == pytest.approx(dflash["speedup"] / dflash["ceiling"])
+    drafter_only = by["dflash_drafter"]  # the drafter's ceiling is reported for it too (it bounds that one)
+    assert drafter_only["identical"] == "2/2" and drafter_only["ceiling"] == dflash["ceiling"]
+    assert drafter_only["of_ceiling"] == pytest.approx(drafter_only["speedup"] / dflash["ceiling"])
     assert "cost-model ceiling" in (out / "e2e.md").read_text()
 
 

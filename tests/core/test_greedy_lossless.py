@@ -186,7 +186,9 @@ def test_auto_draft_length_backs_off_a_drafter_that_never_agrees():
     calls.clear()
     # a machine where a drafter pass costs half a target step (the tiny models' own timings are noise)
     policy = DraftLengthPolicy(VerifyCostTable(seconds=tuple(1.0 + 0.05 * q for q in range(8)), draft_s=0.5), 8)
-    auto = generate(model, drafter, torch.tensor([[3, 5, 7]]), max_new_tokens=60, draft_length=policy)
+    # (no context lookup: the output [0] * 60 is a loop it would copy; tests/core/test_context_lookup.py)
+    auto = generate(model, drafter, torch.tensor([[3, 5, 7]]), max_new_tokens=60, draft_length=policy,
+                    context_lookup=False)
     assert auto.tokens == full.tokens and auto.tokens[0] == target_greedy(model, [3, 5, 7], 60) == [0] * 60
     # after a few tries the policy stops drafting; only its exploration steps (2, 4, 8, ... apart) draft
     assert len(auto.acceptance_lengths[0]) == 59 and len(calls) <= 12, calls

@@ -31,12 +31,12 @@ def _warp(logits, temperature, top_k, top_p):
 
 
 @torch.no_grad()
-def exact_joint(model, temperature, top_k, top_p) -> dict[tuple[int, ...], float]:
+def exact_joint(model, temperature, top_k, top_p, prompt=PROMPT) -> dict[tuple[int, ...], float]:
     vocab = model.config.vocab_size
     probs = {(): 1.0}
     for _ in range(STEPS):
         prefixes = list(probs)
-        ids = torch.tensor([PROMPT + list(p) for p in prefixes])
+        ids = torch.tensor([prompt + list(p) for p in prefixes])
         logits = model(ids).logits[:, -1].double()
         step = _warp(logits, temperature, top_k, top_p).softmax(-1)
         probs = {p + (t,): probs[p] * step[i, t].item() for i, p in enumerate(prefixes) for t in range(vocab)}
@@ -103,6 +103,23 @@ def test_speculative_sampling_matches_target_distribution(pair, temperature, top
     hf_counts = Counter(tuple(t) for t in hf[:, len(PROMPT):].tolist())
     assert chi_square_p(hf_counts, expected, SAMPLES) > ALPHA  # the exact distribution is right
     assert homogeneity_p(counts, hf_counts) > ALPHA
+
+
+def test_context_lookup_copies_keep_the_target_distribution(pair):
+    """Copies from a repetitive prompt are drafts like any other: the samples still follow the target."""
+    from dflash_core import DecodeProfile
+    from dflash_core.draft_length import DraftLengthPolicy, VerifyCostTable
+
+    model, drafter = pair
+    prompt = [1, 2, 1, 2, 1, 2, 1]  # a lookup copy ([2, 1, 2]) from the first step on
+    expected = exact_joint(model, 1.0, 0, 1.0, prompt)
+    # flat verify times (a GPU-like machine): 3,000 rows may verify blocks for free, so copies pay
+    policy = DraftLengthPolicy(VerifyCostTable(seconds=(1.0, 1.0, 1.0, 1.0), draft_s=0.5), 4)
+    profile = DecodeProfile()
+    result = generate(model, drafter, torch.tensor([prompt] * SAMPLES), max_new_tokens=STEPS, temperature=1.0,
+                      seed=3, draft_length=policy, profile=profile)
+    assert profile.lookup_steps >= 1 and result.tau > 1.05, "copies must really be drafted and accepted"
+    assert chi_square_p(Counter(tuple(t) for t in result.tokens), expected, SAMPLES) > ALPHA
 
 
 def test_the_test_can_fail(pair):

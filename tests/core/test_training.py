@@ -246,3 +246,14 @@ def test_training_blocks_equal_inference_drafts(setup):
                 ids[0, 0] = tokens[row, anchor]
                 alone = drafter.draft_with_cache(cache, target.embed(ids), anchor + torch.arange(6)[None])
                 assert (trained[row, j] - alone[0]).abs().max().item() <= 1e-5, (row, anchor)
+
+
+def test_tokens_per_step_is_the_harmonic_mean_over_valid_anchors():
+    """Hand-computed: anchors committing 16, 1, 1 and 2 tokens (one invalid) -> 4 / (1/16 + 1 + 1 + 1/2)."""
+    from dflash_core.training.objective import tokens_per_step
+
+    committed = torch.tensor([[16, 1, 7], [1, 2, 9]])
+    valid = torch.tensor([[True, True, False], [True, True, False]])
+    assert tokens_per_step(committed, valid) == pytest.approx(4 / (1 / 16 + 1 + 1 + 1 / 2))
+    # a loop committing whole blocks does not drown three anchors that commit one token each
+    assert tokens_per_step(torch.tensor([[16, 1, 1, 1]]), torch.ones(1, 4, dtype=torch.bool)) < 1.5

@@ -56,9 +56,9 @@ def add_parser(commands) -> None:
     e.add_argument("--temperatures", type=flags.listed(flags.number(0.0), "finite numbers >= 0"), default="0")
     e.add_argument("--device", type=flags.device, default="cpu", help="torch device of target and drafter")
     e.add_argument("--methods", default=None,
-                   help="decoding methods to compare (ar,dflash,dflash_full,prompt_lookup,assisted,hf_generate; ar is "
-                        "always run); default ar,dflash,dflash_full,prompt_lookup, plus assisted where every pair has an assistant "
-                        "model beside its target")
+                   help="decoding methods to compare (ar,dflash,dflash_drafter,dflash_full,prompt_lookup,assisted,"
+                        "hf_generate; ar is always run); default ar,dflash,dflash_drafter,dflash_full,prompt_lookup, "
+                        "plus assisted where every pair has an assistant model beside its target")
     e.add_argument("--batch-sizes", type=flags.listed(flags.integer(1), "integers >= 1"), default=[1],
                    help="prompts decoded together, e.g. 1,4,16 (default 1)")
     e.add_argument("--repeats", type=flags.integer(1), default=1,
@@ -112,7 +112,7 @@ def run(args) -> int:
         pairs = _pairs(args, default_models_dir)
         guard_output(args.out, [prompts, *[p.target for p in pairs], *[p.drafter for p in pairs]], force=args.force,
                      is_own_state=_is_results_dir)
-        methods = ["ar", "dflash", "dflash_full", "prompt_lookup"]
+        methods = ["ar", "dflash", "dflash_drafter", "dflash_full", "prompt_lookup"]
         if args.methods is not None:
             methods = [m.strip() for m in args.methods.split(",")]
         elif all((p.assistant / "config.json").is_file() for p in pairs):

@@ -71,6 +71,10 @@ def add_draft_length_arg(parser) -> None:
     parser.add_argument("--draft-length", type=_draft_length, default="auto", metavar="auto|N",
                         help="drafts verified per step: auto (default) chooses each step from this machine's "
                              "verify costs and the acceptance so far; N fixes it (0 = the target alone)")
+    parser.add_argument("--no-context-lookup", dest="context_lookup", action="store_false",
+                        help="with --draft-length auto, draft with the drafter only (by default a step may instead "
+                             "copy what followed the latest n-gram earlier in the prompt or output, when that "
+                             "promises more tokens per second)")
 
 
 def _draft_length(text: str):

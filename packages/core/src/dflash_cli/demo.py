@@ -40,6 +40,6 @@ def run(args) -> int:
     request = DemoRequest(models=args.models or default_models_dir(), prompt_index=args.prompt_index,
                           max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                           top_k=args.top_k, seed=args.seed, summary_prompts=args.summary_prompts, dtype=args.dtype,
-                          device=args.device, draft_length=args.draft_length)
+                          device=args.device, draft_length=args.draft_length, context_lookup=args.context_lookup)
     run_demo(request)
     return 0

@@ -55,7 +55,8 @@ def run(args) -> int:
     profile = DecodeProfile()
     # the request is checked here, before anything is printed: bad input stays one line
     stream = generate_stream(pair.target, pair.drafter, ids, max_new_tokens=args.max_new_tokens,
-                             stop_token_ids=stops, draft_length=args.draft_length, profile=profile, **sampling)
+                             stop_token_ids=stops, draft_length=args.draft_length,
+                             context_lookup=args.context_lookup, profile=profile, **sampling)
     for note in pair.notes:
         print(f"note: {note}", file=sys.stderr)
     if args.compare_ar:
@@ -73,6 +74,7 @@ def run(args) -> int:
         "tokens": result.tokens[0],
         "tau": round(result.tau, 4),
         "acceptance_lengths": result.acceptance_lengths[0],
+        "lookup_steps": profile.lookup_steps,
         "tokens_per_s": round(profile.tokens_per_s(result.num_new_tokens), 3),
         "finish_reason": result.finish_reasons[0],
     }

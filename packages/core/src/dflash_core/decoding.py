@@ -5,6 +5,8 @@ One step, for every active row:
              verifying k+1 tokens against the acceptance seen so far; k = 0 is a plain target step.
   1. draft   the block [last token, MASK x (B-1)] in ONE drafter pass over the cached context;
              the draft tokens are the argmax of the target's LM head at block positions 1..k.
+             (Or, where the row's latest n-gram recurs in its history and that source promises
+             more tokens per second, copy what followed it: `context_lookup`, no model pass.)
   2. verify  [last token, d_1 .. d_k] in ONE target pass; at each position i the target
              chooses y_i (argmax, or a sample from its warped distribution).
   3. accept  the longest prefix with d_{i+1} == y_i, then y_a itself (a = accepted drafts).
@@ -22,6 +24,7 @@ from typing import Iterator, Sequence
 
 import torch
 
+from .context_lookup import NgramIndex, free_drafting
 from .draft_length import DraftLengthPolicy, cost_table_for
 from .drafter_backend import DrafterBackend
 from .errors import GenerationError
@@ -95,18 +98,22 @@ def generate(target, drafter: DrafterBackend, input_ids: torch.Tensor, *, max_ne
              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
              stop_token_ids: Sequence[int] | None = None, attention_mask: torch.Tensor | None = None,
              seed: int | None = None, draft_length: int | str | DraftLengthPolicy = "auto",
-             profile: DecodeProfile | None = None) -> GenerationResult:
+             context_lookup: bool = True, profile: DecodeProfile | None = None) -> GenerationResult:
     """Speculatively decode `input_ids` [B, T] with `drafter`; output is exactly the target's.
 
     `draft_length`: drafts verified per step; "auto" (default) lets `DraftLengthPolicy` choose k in
     0..B-1 each step from this machine's cost table and the acceptance seen so far (k = 0 is a plain
     target step); an int fixes it; a `DraftLengthPolicy` of your own (e.g. over another cost table)
     is used as is. Any choice is lossless.
+    `context_lookup`: with a policy (not a fixed k), also draft by copying what followed the row's
+    latest n-gram earlier in its prompt or output, whenever that source promises more tokens per second
+    (`dflash_core.context_lookup`); lossless too.
     `profile`: a `DecodeProfile` to fill with per-phase timings (off by default: no clocks, no syncs).
     """
     stream = generate_stream(target, drafter, input_ids, max_new_tokens=max_new_tokens, temperature=temperature,
                              top_p=top_p, top_k=top_k, stop_token_ids=stop_token_ids,
-                             attention_mask=attention_mask, seed=seed, draft_length=draft_length, profile=profile)
+                             attention_mask=attention_mask, seed=seed, draft_length=draft_length,
+                             context_lookup=context_lookup, profile=profile)
     for _ in stream:
         pass
     return stream.result
@@ -116,7 +123,7 @@ def generate_stream(target, drafter: DrafterBackend, input_ids: torch.Tensor, *,
                     temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                     stop_token_ids: Sequence[int] | None = None, attention_mask: torch.Tensor | None = None,
                     seed: int | None = None, draft_length: int | str | DraftLengthPolicy = "auto",
-                    profile: DecodeProfile | None = None) -> DecodeStream:
+                    context_lookup: bool = True, profile: DecodeProfile | None = None) -> DecodeStream:
     """Like `generate`, yielding each step's committed tokens as they are accepted.
 
     Arguments are validated here, before the first step runs.
@@ -127,8 +134,11 @@ def generate_stream(target, drafter: DrafterBackend, input_ids: torch.Tensor, *,
     check_request(target, prompts, max_new_tokens)
     generator = make_generator(params, seed, target.device)
     policy = _draft_length_policy(draft_length, target, drafter)
+    lookup = None
+    if context_lookup and isinstance(policy, DraftLengthPolicy):
+        lookup = DraftLengthPolicy(free_drafting(policy.costs), policy.block_size)
     return DecodeStream(_Decoder(target, drafter, prompts, max_new_tokens, params, frozenset(stop_token_ids or ()),
-                                 generator, policy, profile))
+                                 generator, policy, profile, lookup))
 
 
 def _draft_length_policy(draft_length: int | str | DraftLengthPolicy, target: TargetModel, drafter: DrafterBackend):
@@ -174,8 +184,11 @@ class _Decoder:
 
     def __init__(self, target: TargetModel, drafter: DrafterBackend | None, prompts: list[list[int]], max_new_tokens: int,
                  params: SamplingParams, stops: frozenset[int], generator: torch.Generator | None,
-                 policy: DraftLengthPolicy | int, profile: DecodeProfile | None) -> None:
+                 policy: DraftLengthPolicy | int, profile: DecodeProfile | None,
+                 lookup: DraftLengthPolicy | None = None) -> None:
         self.target, self.drafter, self.params, self.stops = target, drafter, params, stops
+        self.lookup = lookup  # the context-lookup source's policy (None: drafter drafts only)
+        self.histories = [NgramIndex(p) for p in prompts] if lookup is not None else []  # per original row
         self.prompts, self.max_new_tokens = prompts, max_new_tokens
         self.device = target.device
         self.generator, self.profile, self.policy = generator, profile, policy
@@ -219,11 +232,19 @@ class _Decoder:
         clock, rows = self.clock, self.rows
         k = self._draft_length()
         clock.start()
+        copied = self._lookup_drafts(k)  # per row, or None: the drafter (or no one) drafts
+        if copied is not None:
+            k = max(len(c) for c in copied)
         block_positions = torch.tensor(self.tcache.lengths, device=self.device)[:, None] + self.offsets  # [B, Q]
         positions = block_positions[:, : k + 1]  # [B, k+1]: the verified ones
-        if k:
+        if copied is not None:  # rows with a shorter copy are padded with their last token (rejected or not, exact)
+            drafts = torch.tensor([c + [last] * (k - len(c)) for c, last in zip(copied, rows.last.tolist())],
+                                  dtype=torch.long, device=self.device)
+        elif k:
             self._inject_pending()
-        drafts = self._draft(k, block_positions) if k else self.no_drafts[: len(rows.ids)]  # [B, k]
+            drafts = self._draft(k, block_positions)
+        else:
+            drafts = self.no_drafts[: len(rows.ids)]  # [B, k]
         clock.charge("draft_s")
         verify_ids = torch.cat([rows.last[:, None], drafts], dim=1)
         out = self.target(verify_ids, positions, self.tcache.cache, self.tcache.attention_mask(self.target, positions))
@@ -235,19 +256,19 @@ class _Decoder:
         host = torch.cat([accepted[:, None], bonus[:, None], drafts], dim=1).tolist()  # one device sync
         counts = [h[0] + 1 for h in host]  # block positions the target has now verified, per row
         self.tcache.commit(k + 1, counts)
-        if isinstance(self.policy, DraftLengthPolicy):
-            for h in host:
-                self.policy.observe(k, h[0])
+        self._observe(k, copied, [h[0] for h in host])
         keep = max(counts)
         clock.start()
         # KV injection of the accepted tokens: drafter work, timed as drafting
         if self.drafter is not None and k == 0:  # one token per row: wait for the next draft
             self.pending.append((out.features[:, :1], positions[:, :1]))
         elif self.drafter is not None:
+            self._inject_pending()  # a lookup step may follow plain steps: their tokens come first
             self.drafter.extend_cache(self.dcache, out.features[:, :keep], positions[:, :keep], counts)
         clock.charge("draft_s")
         if self.profile is not None:
             self.profile.steps += 1
+            self.profile.lookup_steps += copied is not None
         rows.last = bonus
         return self._emit([h[2 : 2 + h[0]] + [h[1]] for h in host], verified=True)
 
@@ -266,6 +287,46 @@ class _Decoder:
         k = self.policy.choose(len(self.rows.ids)) if isinstance(self.policy, DraftLengthPolicy) else self.policy
         return min(k, max(self.rows.remaining) - 1)
 
+    def _lookup_drafts(self, k: int) -> list[list[int]] | None:
+        """Each row's lookup copy (maybe []) when the lookup source drafts this step, else None.
+
+        It drafts when its best k_l > 0 promises more tokens per second than a plain step and than the
+        drafter's k, counting only the rows that have a copy (a row without one commits 1 token, its
+        width wasted), or when its policy retries (budgeted exploration). Copies are cut to k_l.
+        """
+        if self.lookup is None:
+            return None
+        rows, limit = self.rows, max(self.rows.remaining) - 1
+        if limit < 1:
+            return None
+        copies = [self.histories[row].continuation(min(limit, self.block - 1)) for row in rows.ids]
+        if not any(copies):
+            return None
+        batch = len(rows.ids)
+        retry = self.lookup.choose(batch)  # its retry budget; its k assumes every row has a copy
+        if self.lookup.exploring:
+            return [c[:retry] for c in copies]
+        # the step's expected tokens: E(min(k, copy length)) per row with a copy, 1 per row without
+        expected = self.lookup.expected_tokens()
+        rates = [sum(expected[min(j, len(c))] for c in copies) / self.lookup.costs.step(j, batch)
+                 for j in range(len(expected))]
+        best = max(range(1, len(rates)), key=lambda j: (rates[j], -j))
+        if rates[best] <= max(rates[0], self.policy.rates(batch)[k]):
+            return None
+        return [c[:best] for c in copies]
+
+    def _observe(self, k: int, copied: list[list[int]] | None, accepted: list[int]) -> None:
+        """Each row's outcome to the policy of the source that drafted (a lookup step is idle time to the other)."""
+        if not isinstance(self.policy, DraftLengthPolicy):
+            return
+        for i, a in enumerate(accepted):
+            if copied is None:
+                self.policy.observe(k, a)
+                continue
+            self.policy.observe(0, 0)
+            if copied[i]:  # padding past a row's copy is not the lookup's miss
+                self.lookup.observe(len(copied[i]), min(a, len(copied[i])))
+
     def _draft(self, k: int, positions: torch.Tensor) -> torch.Tensor:
         """The drafter's first k drafts [B, k]: the whole block [last, MASK x (B-1)] at `positions` [B, Q] at once."""
         block_ids = torch.cat([self.rows.last[:, None], self.masks.expand(len(self.rows.ids), -1)], dim=1)
@@ -278,6 +339,8 @@ class _Decoder:
         for i, row in enumerate(rows.ids):
             kept, finish = commit_tokens(new_tokens[i], rows.remaining[i], self.stops)
             result.tokens[row].extend(kept)
+            if self.histories:
+                self.histories[row].extend(kept)
             emitted[row] = kept
             if verified:
                 result.acceptance_lengths[row].append(len(kept))

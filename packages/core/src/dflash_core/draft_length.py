@@ -251,6 +251,11 @@ class DraftLengthPolicy:
         self.plain_s += plain
         return 0
 
+    @property
+    def exploring(self) -> bool:
+        """Whether the k last chosen is a budgeted retry (drafting to learn), not the best rate."""
+        return self.retry[0] > 0
+
     def _retry_paid_off(self) -> bool:
         """Whether the last step was a retry whose rows accepted at least half their drafts on average.
 

@@ -31,6 +31,8 @@ class DecodeProfile:
     decode_s: float = 0.0
     """Everything after prefill, loop bookkeeping included."""
     steps: int = 0
+    lookup_steps: int = 0
+    """Steps (of `steps`) whose drafts were copied from the context (`dflash_core.context_lookup`)."""
 
     @property
     def total_s(self) -> float:

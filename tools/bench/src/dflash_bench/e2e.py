@@ -152,7 +152,10 @@ def summarize(comparison: Comparison) -> list[dict]:
 
 
 def add_ceiling(rows: list[dict], comparison: Comparison, pair: Pair) -> None:
-    """On the dflash row: the cost model's ceiling for dflash_full's acceptance and the share reached.
+    """On the dflash rows: the cost model's ceiling for dflash_full's acceptance and the share reached.
+
+    It is the drafter's ceiling: `dflash_drafter` (the drafter its only source) is bounded by it, `dflash`
+    (context lookup besides) is not, and passes it where copies from the context are accepted.
 
     Per batch (one prompt at batch 1): p_i from that batch's dflash_full steps, its ceiling speedup
     c_j = max_k E(k) T(0) / T(k); over all batches, the time-weighted ceiling sum(n_j) / sum(n_j / c_j)
@@ -161,8 +164,8 @@ def add_ceiling(rows: list[dict], comparison: Comparison, pair: Pair) -> None:
     used (`cost_table_for`, cached per machine and pair).
     """
     full = comparison.runs.get("dflash_full")
-    dflash = next((r for r in rows if r["method"] == "dflash" and "n/a" not in r), None)
-    if not full or dflash is None:
+    measured = [r for r in rows if r["method"] in ("dflash", "dflash_drafter") and "n/a" not in r]
+    if not full or not measured:
         return
     block = pair.drafter.config.block_size
     costs = cost_table_for(as_target(pair.target, pair.drafter), pair.drafter)
@@ -175,9 +178,10 @@ def add_ceiling(rows: list[dict], comparison: Comparison, pair: Pair) -> None:
         per_batch.append(round(ceiling, 3))
     pooled = acceptance_by_position([row for run in full for row in run.acceptance_lengths], block)
     ceiling = tokens / ceiling_time
-    dflash.update(acceptance_by_position=[round(p, 4) for p in pooled], ceiling=ceiling,
-                  ceiling_per_batch=per_batch, of_ceiling=dflash["speedup"] / ceiling,
-                  pooled_ceiling_k=ceiling_speedup(costs, pooled, comparison.batch_size)[1])
+    for row in measured:
+        row.update(acceptance_by_position=[round(p, 4) for p in pooled], ceiling=ceiling,
+                   ceiling_per_batch=per_batch, of_ceiling=row["speedup"] / ceiling,
+                   pooled_ceiling_k=ceiling_speedup(costs, pooled, comparison.batch_size)[1])
 
 
 def _count(run: MethodRun) -> int:

@@ -42,14 +42,17 @@ def _notes(results: list[dict], *, name: str, prompts_file: Path, prompts: int, 
         "after one untimed warm-up run of each" + (f"; every batch run {repeats} times by every method (rounds "
                                                   "interleaved), each method's fastest round kept" if repeats > 1 else ""),
         "ar: the target alone through DFlash's own loop with no drafter, one token per row per forward, the batch's "
-        "rows decoded together; dflash: `generate` with its defaults; dflash_full: `generate` verifying the whole block every "
-        "step (its tau is the drafter's acceptance at block B); prompt_lookup: Hugging Face `generate(..., "
+        "rows decoded together; dflash: `generate` with its defaults (drafter and context lookup as draft sources, "
+        "auto draft length); dflash_drafter: the same with the drafter as its only source; dflash_full: `generate` "
+        "verifying the whole block of drafter drafts every step (its tau is the drafter's acceptance at block B); "
+        "prompt_lookup: Hugging Face `generate(..., "
         f"prompt_lookup_num_tokens={PROMPT_LOOKUP_TOKENS})` (wall time); assisted: Hugging Face `generate(..., "
         "assistant_model=models/demo/assistant)` (wall time); hf_generate: Hugging Face `generate()` with no drafts",
         "cost-model ceiling: per prompt (per batch at batch > 1), max over k of E(k) T(0) / T(k), with E(k) from that "
         "prompt's dflash_full acceptance per block position and T(k) from the machine's cost table (the one dflash's "
         "draft-length policy uses), combined weighted by time: what a loop that knew each prompt's acceptance and "
-        "always verified its best k would reach on this machine; share reached = dflash's speedup / ceiling",
+        "always verified its best k would reach on this machine; share reached = speedup / ceiling (the drafter's "
+        "ceiling: dflash_drafter is bounded by it, dflash passes it where context-lookup copies are accepted)",
         "per-prompt speedup: one value per prompt at batch 1, per batch of prompts at larger batch sizes; batches "
         "wrap round to the first prompts to stay full",
     ]

@@ -100,12 +100,18 @@ def run_ar(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRu
 
 
 def run_dflash(pair: Pair, batch: PromptBatch, settings: DecodeSettings, *,
-               draft_length: int | str = "auto") -> MethodRun:
-    """DFlash `generate` (rows decoded together as one batch); bind `draft_length` with functools.partial."""
+               draft_length: int | str = "auto", context_lookup: bool = True) -> MethodRun:
+    """DFlash `generate` (rows decoded together as one batch), by default its defaults."""
     profile = DecodeProfile()
     result = generate(pair.target, pair.drafter, batch.input_ids, attention_mask=batch.attention_mask,
-                      draft_length=draft_length, profile=profile, **_sampling(settings))
+                      draft_length=draft_length, context_lookup=context_lookup, profile=profile,
+                      **_sampling(settings))
     return MethodRun(result.tokens, profile.total_s, profile, result.acceptance_lengths)
+
+
+def run_dflash_drafter(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRun:
+    """DFlash with the drafter as its only draft source (no context lookup): what the drafter alone buys."""
+    return run_dflash(pair, batch, settings, context_lookup=False)
 
 
 def run_dflash_full(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRun:
@@ -140,9 +146,10 @@ def assisted_runner(assistant_dir: Path) -> Runner:
     return run_assisted
 
 
-RUNNERS: dict[str, Runner] = {"ar": run_ar, "dflash": run_dflash, "dflash_full": run_dflash_full,
+RUNNERS: dict[str, Runner] = {"ar": run_ar, "dflash": run_dflash, "dflash_drafter": run_dflash_drafter,
+                              "dflash_full": run_dflash_full,
                               "prompt_lookup": run_prompt_lookup, "hf_generate": run_hf_generate}
-DEFAULT_METHODS = ("ar", "dflash", "dflash_full", "prompt_lookup", "assisted")
+DEFAULT_METHODS = ("ar", "dflash", "dflash_drafter", "dflash_full", "prompt_lookup", "assisted")
 PLANNED = {"assisted": "Hugging Face assisted generation with the small draft model models/demo/assistant"}
 
 

@@ -38,6 +38,7 @@ class DemoRequest:
     summary_prompts: int = 24
     dtype: str = "auto"
     draft_length: int | str = "auto"
+    context_lookup: bool = True
     device: str = "cpu"
 
     @property
@@ -63,7 +64,7 @@ def run_demo(request: DemoRequest) -> None:
     c = pair.drafter.config
     print(f"DFlash demo: {pair.target.num_layers}-layer Qwen3 target ({_params(pair.target.model)}M params) "
           f"+ {c.num_hidden_layers}-layer drafter, block {c.block_size}, {dtype}, {request.device}, "
-          f"draft length {request.draft_length}",
+          f"draft length {request.draft_length}, context lookup {'on' if request.context_lookup else 'off'}",
           file=sys.stderr)
     print(f"held-out prompt #{request.prompt_index} ({ids.shape[1]} tokens):", file=sys.stderr)
     print(prompt, end="")
@@ -83,6 +84,8 @@ class StreamedPrompt:
 
     tokens: int
     tau: float
+    lookup_steps: int
+    steps: int
     dflash_tok_s: float
     target_tok_s: float
     lookup_tok_s: float
@@ -95,7 +98,8 @@ class StreamedPrompt:
 
     def line(self, *, greedy: bool) -> str:
         d, t, p = self.dflash_tok_s, self.target_tok_s, self.lookup_tok_s
-        text = (f"this prompt: {self.tokens} tokens | DFlash {d:.1f} tok/s (tau {self.tau:.2f}) | target alone "
+        copied = f", {self.lookup_steps} of {self.steps} steps copied from the context" if self.lookup_steps else ""
+        text = (f"this prompt: {self.tokens} tokens | DFlash {d:.1f} tok/s (tau {self.tau:.2f}{copied}) | target alone "
                 f"{t:.1f} tok/s | prompt lookup {p:.1f} tok/s | DFlash {d / t:.2f}x the target alone and "
                 f"{d / p:.2f}x prompt lookup (prompt lookup {p / t:.2f}x)")
         if greedy:
@@ -117,7 +121,8 @@ def _stream_one(pair: Pair, ids, stops: list[int], request: DemoRequest) -> Stre
     sys.stdout.write("\033[1m") if bold else None
     profile = DecodeProfile()
     stream = generate_stream(pair.target, pair.drafter, ids, max_new_tokens=request.max_new_tokens,
-                             stop_token_ids=stops, draft_length=request.draft_length, profile=profile,
+                             stop_token_ids=stops, draft_length=request.draft_length,
+                             context_lookup=request.context_lookup, profile=profile,
                              **request.sampling)
     for chunk in stream:
         printer.push(chunk[0])
@@ -128,7 +133,8 @@ def _stream_one(pair: Pair, ids, stops: list[int], request: DemoRequest) -> Stre
     ar = generate_autoregressive(pair.target, ids, max_new_tokens=request.max_new_tokens, stop_token_ids=stops,
                                  profile=ar_profile, **request.sampling)
     lookup = run_prompt_lookup(pair, batch, settings)
-    return StreamedPrompt(tokens=len(result.tokens[0]), tau=result.tau,
+    return StreamedPrompt(tokens=len(result.tokens[0]), tau=result.tau, lookup_steps=profile.lookup_steps,
+                          steps=len(result.acceptance_lengths[0]),
                           dflash_tok_s=profile.tokens_per_s(result.num_new_tokens),
                           target_tok_s=ar_profile.tokens_per_s(ar.num_new_tokens),
                           lookup_tok_s=len(lookup.tokens[0]) / lookup.seconds,
@@ -141,7 +147,8 @@ def _summary(pair: Pair, prompts: list[str], stops: list[int], request: DemoRequ
     from dflash_bench.methods import RUNNERS, DecodeSettings, run_dflash
 
     settings = DecodeSettings(request.max_new_tokens, tuple(stops), **request.sampling)
-    runners = {**RUNNERS, "dflash": partial(run_dflash, draft_length=request.draft_length)}
+    runners = {**RUNNERS, "dflash": partial(run_dflash, draft_length=request.draft_length,
+                                            context_lookup=request.context_lookup)}
     comparison = compare(pair, encode_prompts(pair, prompts, request.device), settings, methods=("ar", "dflash"),
                          runners=runners, label="held-out prompts")
     ar, spec = summarize(comparison)

@@ -113,14 +113,28 @@ def teacher_kl(student_logits: torch.Tensor, teacher_hidden: torch.Tensor, lm_he
     return torch.cat(parts).view(student_logits.shape[:-1])
 
 
+def tokens_per_step(committed: torch.Tensor, valid: torch.Tensor) -> float:
+    """Tokens a verify step commits, estimated from teacher-forced blocks at random anchors.
+
+    committed [B, N]: 1 + the leading drafts whose argmax equals the label, per anchor; valid [B, N].
+    Decoding visits positions as a chain (a step that commits L tokens skips the next L - 1 anchors),
+    so tau = tokens / steps, and a position's share of a step is about 1/committed: the harmonic mean
+    over anchors. The plain mean over-weights repetitive stretches, where every anchor commits a whole
+    block. Measured with the 2,250-step demo drafter on 16 held-out prompts, every position an anchor:
+    plain mean 4.49, harmonic mean 1.69, the decoder's own 2.00 tokens per step (the harmonic mean
+    reads low because later anchors inside one accepted run commit less than the run's first).
+    """
+    share = (1.0 / committed.float()) * valid
+    return valid.sum().item() / max(share.sum().item(), 1e-9)
+
+
 def block_loss(logits: torch.Tensor, batch: Batch, gamma: float, soft: torch.Tensor | None = None,
                soft_weight: float = 0.0) -> tuple[torch.Tensor, dict]:
     """Weighted loss over block positions 1..Q-1 and a running acceptance estimate.
 
     logits [B, N, Q-1, V]; soft [B, N, Q-1] the per-position soft-label term (needed when soft_weight > 0).
     loss = (1 - soft_weight) * mean_w(cross entropy vs labels) + soft_weight * mean_w(soft), with
-    mean_w the mean weighted by w_k * label_valid. The estimate is the mean, over blocks, of 1 + the
-    number of leading positions whose argmax equals the label: tau under teacher forcing.
+    mean_w the mean weighted by w_k * label_valid. The estimate `tau_est` is `tokens_per_step`.
     """
     weights = position_weights(logits.shape[2] + 1, gamma, logits.device)  # [Q-1]
     w = weights * batch.label_valid
@@ -138,8 +152,7 @@ def block_loss(logits: torch.Tensor, batch: Batch, gamma: float, soft: torch.Ten
     with torch.no_grad():
         correct = (logits.argmax(-1) == batch.labels) & batch.label_valid
         run = correct.long().cumprod(dim=-1).sum(dim=-1)  # [B, N]
-        blocks = batch.anchor_valid.sum().clamp(min=1)
-        stats = {"tau_est": ((run + 1) * batch.anchor_valid).sum().item() / blocks.item(),
+        stats = {"tau_est": tokens_per_step(run + 1, batch.anchor_valid),
                  "acc1": (correct[..., 0].sum() / batch.label_valid[..., 0].sum().clamp(min=1)).item()}
     return loss, stats
 

@@ -1,0 +1,132 @@
+"""Context lookup: what it copies, and that decoding with it stays the target's own output."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from dflash_core import DecodeProfile, generate
+from dflash_core.context_lookup import NgramIndex, free_drafting, lookup_continuation
+from dflash_core.draft_length import DraftLengthPolicy, VerifyCostTable
+from test_greedy_lossless import _padded, target_greedy
+from tiny import drafter_config, tiny_drafter, tiny_target
+
+
+@pytest.mark.parametrize("history,count,expected", [
+    ([1, 2, 3, 9, 1, 2], 3, [3, 9, 1]),  # what followed the earlier [1, 2]
+    ([5, 7, 5, 7], 5, [5, 7, 5, 7, 5]),  # a loop runs on into its own prediction
+    ([1, 2, 3, 8, 2, 3, 9, 1, 2, 3], 2, [8, 2]),  # the longest recurring suffix wins over a later shorter one
+    ([4, 5, 1, 4, 5, 2, 4, 5], 3, [2, 4, 5]),  # of equal matches, the most recent
+    ([1, 2, 3, 4], 4, []),  # nothing recurs
+    ([1, 2, 1], 2, []),  # one repeated token is not a match (min_ngram 2)
+    ([7], 3, []),
+    ([], 3, []),
+])
+def test_lookup_continuation(history, count, expected):
+    assert lookup_continuation(history, count) == expected
+
+
+def test_lookup_continuation_bounds():
+    assert lookup_continuation([1, 2, 1], 2, min_ngram=1) == [2, 1]
+    for bad in ({"count": 0}, {"count": 2, "min_ngram": 0}, {"count": 2, "min_ngram": 3, "max_ngram": 2}):
+        with pytest.raises(ValueError, match="lookup needs"):
+            lookup_continuation([1, 2, 1, 2], **bad)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_incremental_index_copies_what_the_scan_copies(seed):
+    """`NgramIndex`, grown token by token as the decoder grows it, answers as `lookup_continuation` at every length."""
+    rng = random.Random(seed)
+    vocab, count = rng.choice([2, 3, 5, 12]), rng.randint(1, 15)
+    history = [rng.randrange(vocab) for _ in range(rng.randint(0, 4))]
+    index = NgramIndex(history)
+    for _ in range(60):
+        assert index.continuation(count) == lookup_continuation(history, count), history
+        new = [rng.randrange(vocab) for _ in range(rng.randint(1, 3))]
+        history += new
+        index.extend(new)
+    with pytest.raises(ValueError, match="lookup needs"):
+        index.continuation(0)
+
+
+def test_free_drafting_keeps_the_verify_times():
+    costs = VerifyCostTable(seconds=(1.0, 1.5, 2.0), draft_s=0.7, head_s=0.1)
+    free = free_drafting(costs)
+    assert free.seconds == costs.seconds and free.draft_s == 0.0 and free.head_s == 0.0
+
+
+def _loop_target_and_useless_drafter():
+    """A target that always picks token 0 and a drafter that never does: only lookup copies can be accepted."""
+    model = tiny_target(vocab=16)
+    drafter = tiny_drafter(drafter_config(model, block_size=8))
+    with torch.no_grad():
+        model.model.norm.weight.zero_()  # target hidden 0: all logits tie, its argmax is always token 0
+        head = model.lm_head.weight
+        head.zero_()
+        head[1, 0], head[2, 0] = 10.0, -10.0  # the drafter's hidden (feature 0 only) picks 1 or 2, never 0
+        drafter.norm.weight.zero_()
+        drafter.norm.weight[0] = 1.0
+    return model, drafter
+
+
+def _policy(block: int = 8) -> DraftLengthPolicy:
+    """A machine where a drafter pass costs half a target step (the tiny models' own timings are noise)."""
+    return DraftLengthPolicy(VerifyCostTable(seconds=tuple(1.0 + 0.05 * q for q in range(block)), draft_s=0.5), block)
+
+
+def test_a_loop_is_copied_where_the_drafter_never_agrees():
+    model, drafter = _loop_target_and_useless_drafter()
+    prompt = [3, 5, 7]
+    profile = DecodeProfile()
+    result = generate(model, drafter, torch.tensor([prompt]), max_new_tokens=60, draft_length=_policy(),
+                      profile=profile)
+    assert result.tokens[0] == target_greedy(model, prompt, 60) == [0] * 60
+    assert profile.lookup_steps >= 5 and max(result.acceptance_lengths[0]) == 8  # whole blocks of copies
+    alone = generate(model, drafter, torch.tensor([prompt]), max_new_tokens=60, draft_length=_policy(),
+                     context_lookup=False)
+    assert alone.tokens == result.tokens and max(alone.acceptance_lengths[0]) == 1
+    assert len(result.acceptance_lengths[0]) < len(alone.acceptance_lengths[0]) / 3
+
+
+def test_a_fixed_draft_length_drafts_with_the_drafter_only():
+    """An int k means k drafter drafts every step (how tau is measured): no lookup then."""
+    model, drafter = _loop_target_and_useless_drafter()
+    profile = DecodeProfile()
+    result = generate(model, drafter, torch.tensor([[3, 5, 7]]), max_new_tokens=30, draft_length=7, profile=profile)
+    assert profile.lookup_steps == 0 and max(result.acceptance_lengths[0]) == 1
+
+
+def _repetitive_case(seed: int):
+    """A random tiny pair decoding a ragged batch of prompts that repeat a motif, lookup on."""
+    rng = random.Random(seed)
+    vocab = rng.choice([5, 8, 16])
+    model = tiny_target(vocab=vocab, layers=2, hidden=32, seed=seed)
+    block = rng.choice([2, 4, 8, 16])
+    drafter = tiny_drafter(drafter_config(model, block_size=block), seed=seed, std=0.3)
+    prompts = []
+    for _ in range(rng.choice([1, 2, 3])):
+        motif = [rng.randrange(vocab - 1) for _ in range(rng.randint(2, 5))]
+        prompts.append((motif * 6)[: rng.randint(2 * len(motif), 24)])  # the motif twice at least
+    ids, mask = _padded(prompts, left=seed % 2 == 0)
+    max_new = rng.randint(1, 40)
+    stop = [rng.randrange(vocab)] if seed % 3 == 0 else None
+    profile = DecodeProfile()
+    result = generate(model, drafter, ids, attention_mask=mask, max_new_tokens=max_new, stop_token_ids=stop,
+                      draft_length=_policy(block), profile=profile)
+    return model, prompts, max_new, stop, block, result, profile
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_lookup_on_repetitive_ragged_batches_matches_target(seed):
+    model, prompts, max_new, stop, block, result, _ = _repetitive_case(seed)
+    for row, prompt in enumerate(prompts):
+        assert result.tokens[row] == target_greedy(model, prompt, max_new, stop), f"row {row}"
+        assert all(1 <= a <= block for a in result.acceptance_lengths[row])
+
+
+def test_the_repetitive_sweep_really_copies():
+    """The sweep above is not vacuous: copies are drafted, and accepted several at a time."""
+    cases = [_repetitive_case(seed) for seed in range(16)]
+    assert sum(c[-1].lookup_steps >= 1 for c in cases) >= 8
+    assert max(a for c in cases for row in c[-2].acceptance_lengths for a in row) >= 4
