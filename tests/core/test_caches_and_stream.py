@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from dflash_core import DecodeProfile, TargetModel, generate, generate_stream
+from dflash_core.draft_length import DraftLengthPolicy, VerifyCostTable
 from dflash_core.target_cache import TargetCache
 from tiny import drafter_config, tiny_drafter, tiny_target
 
@@ -75,3 +76,23 @@ def test_timings_are_opt_in_and_reported_in_a_profile():
     assert profile.decode_s >= profile.draft_s + profile.verify_s
     assert profile.steps == len(result.acceptance_lengths[0])
     assert profile.tokens_per_s(result.num_new_tokens) > 0 and len(result.tokens[0]) == 12
+
+
+def test_the_drafter_reads_the_prompt_only_when_it_first_drafts():
+    """A request that ends at its first token, or never drafts, costs no KV injection; one that drafts
+    injects the prompt once, before anything else, and its output is the target's either way."""
+    model = tiny_target(vocab=32, layers=3)
+    drafter = tiny_drafter(drafter_config(model, block_size=4))
+    calls = []
+    original = drafter.extend_cache
+    drafter.extend_cache = lambda cache, features, positions, counts: (
+        calls.append((features.shape[1], list(counts))) or original(cache, features, positions, counts))
+    prompts = torch.tensor([[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]])
+    policy = DraftLengthPolicy(VerifyCostTable(seconds=(1.0, 1.05, 1.1, 1.15), draft_s=0.3), 4)  # not measured here
+    generate(model, drafter, prompts, max_new_tokens=1, draft_length=policy)
+    generate(model, drafter, prompts, max_new_tokens=6, draft_length=0)
+    assert calls == []
+    drafted = generate(model, drafter, prompts, max_new_tokens=6, draft_length=3)
+    assert calls[0] == (6, [6, 6]) and len(calls) >= 2  # the prompts first, then each step's accepted tokens
+    plain = generate(model, drafter, prompts, max_new_tokens=6, draft_length=0)
+    assert drafted.tokens == plain.tokens

@@ -208,6 +208,9 @@ class _Decoder:
         # features [B, 1, F] and positions [B, 1] of plain steps' tokens, injected into the drafter's
         # context only before the next draft: one projection for many plain steps, none if none follows
         self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # the prompts' features [B, T, F], positions [B, T] and lengths, injected at the first draft too:
+        # a request that ends (or never drafts) before then costs the drafter nothing
+        self.prompt_features: tuple[torch.Tensor, torch.Tensor, list[int]] | None = None
 
     def prefill(self) -> list[list[int]]:
         """Run the prompts (right-padded) through the target; fill both caches; commit the first tokens."""
@@ -220,7 +223,7 @@ class _Decoder:
         out = self.target(ids, positions, self.tcache.cache, self.tcache.attention_mask(self.target, positions, valid))
         self.tcache.commit(width, lengths)
         if self.drafter is not None:
-            self.drafter.extend_cache(self.dcache, out.features, positions, lengths)
+            self.prompt_features = (out.features, positions, lengths)
         last = out.hidden[torch.arange(len(lengths), device=self.device), torch.tensor(lengths, device=self.device) - 1]
         self.rows.last = choose_tokens(self.target.logits(last), self.params, self.generator)
         emitted = self._emit([[t] for t in self.rows.last.tolist()], verified=False)
@@ -273,7 +276,11 @@ class _Decoder:
         return self._emit([h[2 : 2 + h[0]] + [h[1]] for h in host], verified=True)
 
     def _inject_pending(self) -> None:
-        """KV injection of the tokens plain steps committed (one per row per step), in one projection."""
+        """KV injection of the prompts (once), then of the tokens plain steps committed (one per row per step,
+        in one projection)."""
+        if self.prompt_features is not None:
+            self.drafter.extend_cache(self.dcache, *self.prompt_features)
+            self.prompt_features = None
         if self.pending:
             features = torch.cat([f for f, _ in self.pending], dim=1)  # [B, m, F]
             positions = torch.cat([p for _, p in self.pending], dim=1)  # [B, m]
@@ -365,3 +372,7 @@ class _Decoder:
                 self.dcache.select_rows(keep)
                 index = torch.tensor(keep, device=self.device)
                 self.pending = [(f.index_select(0, index), p.index_select(0, index)) for f, p in self.pending]
+                if self.prompt_features is not None:
+                    features, positions, lengths = self.prompt_features
+                    self.prompt_features = (features.index_select(0, index), positions.index_select(0, index),
+                                            [lengths[i] for i in keep])
