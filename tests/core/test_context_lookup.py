@@ -130,3 +130,44 @@ def test_the_repetitive_sweep_really_copies():
     cases = [_repetitive_case(seed) for seed in range(16)]
     assert sum(c[-1].lookup_steps >= 1 for c in cases) >= 8
     assert max(a for c in cases for row in c[-2].acceptance_lengths for a in row) >= 4
+
+
+def _check_drafter_context(seed: int) -> int:
+    """Decode a repetitive ragged batch for five steps; check the drafter's context; return the copied steps."""
+    from dflash_core import TargetModel, generate_stream
+
+    rng = random.Random(seed)
+    model = tiny_target(vocab=6, layers=2, hidden=32, seed=seed)
+    drafter = tiny_drafter(drafter_config(model, block_size=8), seed=seed, std=0.3)
+    prompts = [([1, 2, 3] * 5)[: rng.randint(6, 15)], ([4, 1] * 6)[: rng.randint(4, 12)], [2, 5, 2, 5, 2, 5]]
+    ids, mask = _padded(prompts, left=False)
+    profile = DecodeProfile()
+    stream = generate_stream(model, drafter, ids, attention_mask=mask, max_new_tokens=40, draft_length=_policy(),
+                             profile=profile)
+    steps = iter(stream)
+    for _ in range(6):  # prefill and five steps; every row still active (40 tokens are far)
+        next(steps)
+    decoder = stream._decoder
+    decoder._inject_pending()
+    target = TargetModel(model, drafter.config.target_layer_ids)
+    for i, row in enumerate(decoder.rows.ids):
+        seen = prompts[row] + stream.result.tokens[row][:-1]  # the newest token is not verified yet
+        with torch.no_grad():
+            features = target(torch.tensor([seen]), torch.arange(len(seen))[None], None).features
+        fresh = drafter.new_cache(1, 64)
+        drafter.extend_cache(fresh, features, torch.arange(len(seen))[None], [len(seen)])
+        assert decoder.dcache.lengths[i] == len(seen)
+        for got, want in zip(decoder.dcache.context(), fresh.context()):
+            assert torch.allclose(got[:, i, :, : len(seen)], want[:, 0], atol=1e-5), (seed, row)
+    return profile.lookup_steps
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_drafter_context_after_copied_steps_is_the_committed_history(seed):
+    """Tokens committed by copies reach the drafter's context as those of any step (deferred, packed per row):
+    mid-request, its K/V equal a fresh injection of the features of every token the target has verified."""
+    _check_drafter_context(seed)
+
+
+def test_the_context_check_covers_copied_steps():
+    assert sum(_check_drafter_context(seed) >= 1 for seed in range(6)) >= 3

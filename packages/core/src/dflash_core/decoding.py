@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from .context_lookup import NgramIndex, free_drafting
 from .draft_length import DraftLengthPolicy, cost_table_for
@@ -205,9 +206,10 @@ class _Decoder:
         mask_id = drafter.config.mask_token_id if drafter is not None else 0
         self.masks = torch.full((1, self.block - 1), mask_id, dtype=torch.long, device=self.device)
         self.no_drafts = torch.zeros((batch, 0), dtype=torch.long, device=self.device)
-        # features [B, 1, F] and positions [B, 1] of plain steps' tokens, injected into the drafter's
-        # context only before the next draft: one projection for many plain steps, none if none follows
-        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # features [B, n, F], positions [B, n] and per-row counts of the tokens that steps without a
+        # drafter pass committed (plain steps, lookup steps), injected into the drafter's context only
+        # before its next draft: one projection for many steps, none if the drafter never drafts again
+        self.pending: list[tuple[torch.Tensor, torch.Tensor, list[int]]] = []
         # the prompts' features [B, T, F], positions [B, T] and lengths, injected at the first draft too:
         # a request that ends (or never drafts) before then costs the drafter nothing
         self.prompt_features: tuple[torch.Tensor, torch.Tensor, list[int]] | None = None
@@ -263,10 +265,9 @@ class _Decoder:
         keep = max(counts)
         clock.start()
         # KV injection of the accepted tokens: drafter work, timed as drafting
-        if self.drafter is not None and k == 0:  # one token per row: wait for the next draft
-            self.pending.append((out.features[:, :1], positions[:, :1]))
+        if self.drafter is not None and (k == 0 or copied is not None):  # no drafter pass: wait for the next
+            self.pending.append((out.features[:, :keep], positions[:, :keep], counts))
         elif self.drafter is not None:
-            self._inject_pending()  # a lookup step may follow plain steps: their tokens come first
             self.drafter.extend_cache(self.dcache, out.features[:, :keep], positions[:, :keep], counts)
         clock.charge("draft_s")
         if self.profile is not None:
@@ -276,16 +277,26 @@ class _Decoder:
         return self._emit([h[2 : 2 + h[0]] + [h[1]] for h in host], verified=True)
 
     def _inject_pending(self) -> None:
-        """KV injection of the prompts (once), then of the tokens plain steps committed (one per row per step,
-        in one projection)."""
+        """KV injection of the prompts (once), then of what steps without a drafter pass committed, in one
+        projection (each row's tokens packed left: rows committed different numbers at a lookup step)."""
         if self.prompt_features is not None:
             self.drafter.extend_cache(self.dcache, *self.prompt_features)
             self.prompt_features = None
-        if self.pending:
-            features = torch.cat([f for f, _ in self.pending], dim=1)  # [B, m, F]
-            positions = torch.cat([p for _, p in self.pending], dim=1)  # [B, m]
-            self.drafter.extend_cache(self.dcache, features, positions, [features.shape[1]] * features.shape[0])
-            self.pending = []
+        if not self.pending:
+            return
+        if all(c == f.shape[1] for f, _, counts in self.pending for c in counts):  # plain steps only
+            features = torch.cat([f for f, _, _ in self.pending], dim=1)  # [B, m, F]
+            positions = torch.cat([p for _, p, _ in self.pending], dim=1)  # [B, m]
+            counts = [features.shape[1]] * features.shape[0]
+        else:
+            rows = range(self.pending[0][0].shape[0])
+            features = pad_sequence([torch.cat([f[b, :c[b]] for f, _, c in self.pending]) for b in rows],
+                                    batch_first=True)  # [B, max m, F]
+            positions = pad_sequence([torch.cat([p[b, :c[b]] for _, p, c in self.pending]) for b in rows],
+                                     batch_first=True)  # [B, max m]
+            counts = [sum(c[b] for _, _, c in self.pending) for b in rows]
+        self.drafter.extend_cache(self.dcache, features, positions, counts)
+        self.pending = []
 
     def _draft_length(self) -> int:
         """k for this step: the policy's choice (or the fixed one), never more than a row can still emit.
@@ -371,7 +382,8 @@ class _Decoder:
             if self.dcache is not None:
                 self.dcache.select_rows(keep)
                 index = torch.tensor(keep, device=self.device)
-                self.pending = [(f.index_select(0, index), p.index_select(0, index)) for f, p in self.pending]
+                self.pending = [(f.index_select(0, index), p.index_select(0, index), [c[i] for i in keep])
+                                for f, p, c in self.pending]
                 if self.prompt_features is not None:
                     features, positions, lengths = self.prompt_features
                     self.prompt_features = (features.index_select(0, index), positions.index_select(0, index),
