@@ -9,7 +9,7 @@ import torch
 from dflash_core import DecodeProfile, generate
 from dflash_core.context_lookup import NgramIndex, free_drafting, lookup_continuation
 from dflash_core.draft_length import DraftLengthPolicy, VerifyCostTable
-from test_greedy_lossless import _padded, target_greedy
+from test_greedy_lossless import _padded, never_agreeing_pair, target_greedy
 from tiny import drafter_config, tiny_drafter, tiny_target
 
 
@@ -56,27 +56,13 @@ def test_free_drafting_keeps_the_verify_times():
     assert free.seconds == costs.seconds and free.draft_s == 0.0 and free.head_s == 0.0
 
 
-def _loop_target_and_useless_drafter():
-    """A target that always picks token 0 and a drafter that never does: only lookup copies can be accepted."""
-    model = tiny_target(vocab=16)
-    drafter = tiny_drafter(drafter_config(model, block_size=8))
-    with torch.no_grad():
-        model.model.norm.weight.zero_()  # target hidden 0: all logits tie, its argmax is always token 0
-        head = model.lm_head.weight
-        head.zero_()
-        head[1, 0], head[2, 0] = 10.0, -10.0  # the drafter's hidden (feature 0 only) picks 1 or 2, never 0
-        drafter.norm.weight.zero_()
-        drafter.norm.weight[0] = 1.0
-    return model, drafter
-
-
 def _policy(block: int = 8) -> DraftLengthPolicy:
     """A machine where a drafter pass costs half a target step (the tiny models' own timings are noise)."""
     return DraftLengthPolicy(VerifyCostTable(seconds=tuple(1.0 + 0.05 * q for q in range(block)), draft_s=0.5), block)
 
 
 def test_a_loop_is_copied_where_the_drafter_never_agrees():
-    model, drafter = _loop_target_and_useless_drafter()
+    model, drafter = never_agreeing_pair()
     prompt = [3, 5, 7]
     profile = DecodeProfile()
     result = generate(model, drafter, torch.tensor([prompt]), max_new_tokens=60, draft_length=_policy(),
@@ -91,7 +77,7 @@ def test_a_loop_is_copied_where_the_drafter_never_agrees():
 
 def test_a_fixed_draft_length_drafts_with_the_drafter_only():
     """An int k means k drafter drafts every step (how tau is measured): no lookup then."""
-    model, drafter = _loop_target_and_useless_drafter()
+    model, drafter = never_agreeing_pair()
     profile = DecodeProfile()
     result = generate(model, drafter, torch.tensor([[3, 5, 7]]), max_new_tokens=30, draft_length=7, profile=profile)
     assert profile.lookup_steps == 0 and max(result.acceptance_lengths[0]) == 1

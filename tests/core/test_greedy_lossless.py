@@ -167,8 +167,8 @@ def test_draft_length_is_checked():
             generate(model, drafter, torch.tensor([[1, 2]]), max_new_tokens=4, draft_length=bad)
 
 
-def test_auto_draft_length_backs_off_a_drafter_that_never_agrees():
-    """A drafter whose drafts are always rejected soon costs plain target steps (k = 0), still lossless."""
+def never_agreeing_pair():
+    """A target that always picks token 0 and a drafter (block 8) that never does."""
     model = tiny_target(vocab=16)
     drafter = tiny_drafter(drafter_config(model, block_size=8))
     with torch.no_grad():
@@ -178,6 +178,12 @@ def test_auto_draft_length_backs_off_a_drafter_that_never_agrees():
         head[1, 0], head[2, 0] = 10.0, -10.0  # the drafter's hidden (feature 0 only) picks 1 or 2, never 0
         drafter.norm.weight.zero_()
         drafter.norm.weight[0] = 1.0
+    return model, drafter
+
+
+def test_auto_draft_length_backs_off_a_drafter_that_never_agrees():
+    """A drafter whose drafts are always rejected soon costs plain target steps (k = 0), still lossless."""
+    model, drafter = never_agreeing_pair()
     calls = []
     original = drafter.propose
     drafter.propose = lambda *args: calls.append(args[-1]) or original(*args)  # records k, drafts as before
