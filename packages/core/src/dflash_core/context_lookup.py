@@ -18,46 +18,19 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
-
 from .draft_length import VerifyCostTable
 
 MAX_NGRAM = 4  # the longest suffix looked up first: a longer match is a surer one
 MIN_NGRAM = 2  # a single repeated token says little about what follows it
 
 
-def lookup_continuation(history: Sequence[int], count: int, *, max_ngram: int = MAX_NGRAM,
-                        min_ngram: int = MIN_NGRAM) -> list[int]:
-    """Up to `count` tokens predicted to follow `history`, or [] when no suffix n-gram recurs.
-
-    The longest suffix of n tokens (n = max_ngram down to min_ngram) that also occurs earlier; its
-    most recent earlier occurrence at i predicts history[i + n], history[i + n + 1], ... Past the end
-    of the history the prediction continues with itself, so a loop of period p < count is drafted
-    for all `count` tokens (occurrence at distance p: the copy runs on into its own output).
-    """
-    if count < 1 or min_ngram < 1 or max_ngram < min_ngram:
-        raise ValueError(f"lookup needs count >= 1 and 1 <= min_ngram <= max_ngram, got {count}, "
-                         f"{min_ngram}, {max_ngram}")
-    tokens = np.asarray(history, dtype=np.int64)
-    length = len(tokens)
-    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
-        windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)  # [length - n, n]: starts 0..length-n-1
-        starts = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
-        if starts.size:
-            source = int(starts[-1]) + n  # the token after the most recent earlier occurrence
-            copied = tokens[source:].tolist()  # what followed it, up to now
-            while len(copied) < count:  # a loop continues into its own prediction
-                copied += copied[: count - len(copied)]
-            return copied[:count]
-    return []
-
-
 class NgramIndex:
-    """One row's history, indexed so that `continuation` equals `lookup_continuation(history, count)`.
+    """One row's history (prompt + output so far), indexed for `continuation`.
 
     For every n-gram (n = min_ngram..max_ngram) the position right after its latest occurrence whose
-    next token is known: an update per committed token and a dict look-up per query, instead of a scan
-    of the whole history every step for every row (4% of a step at batch 16 on the demo pair).
+    next token is known: an update per committed token and a dict look-up per query. A scan of the
+    whole history instead took 1.5 ms a step for 16 rows of 380 tokens where nothing recurs (numpy,
+    AVX512-BF16 EPYC), a tenth of a plain batch-16 step of the demo target there; the index 0.02 ms.
     """
 
     def __init__(self, tokens: Sequence[int] = (), *, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM) -> None:
@@ -76,7 +49,13 @@ class NgramIndex:
             self.tokens.append(int(token))
 
     def continuation(self, count: int) -> list[int]:
-        """Up to `count` predicted next tokens, or []: see `lookup_continuation`."""
+        """Up to `count` tokens predicted to follow the history, or [] when no suffix n-gram recurs.
+
+        The longest suffix of n tokens (n = max_ngram down to min_ngram) that also occurs earlier; its
+        most recent earlier occurrence at i predicts history[i + n], history[i + n + 1], ... Past the end
+        of the history the prediction continues with itself, so a loop of period p < count is drafted
+        for all `count` tokens (occurrence at distance p: the copy runs on into its own output).
+        """
         if count < 1:
             raise ValueError(f"lookup needs count >= 1, got {count}")
         tokens = self.tokens
@@ -88,6 +67,12 @@ class NgramIndex:
                     copied += copied[: count - len(copied)]
                 return copied
         return []
+
+
+def lookup_continuation(history: Sequence[int], count: int, *, max_ngram: int = MAX_NGRAM,
+                        min_ngram: int = MIN_NGRAM) -> list[int]:
+    """`NgramIndex(history).continuation(count)`: the copy for a history given whole."""
+    return NgramIndex(history, max_ngram=max_ngram, min_ngram=min_ngram).continuation(count)
 
 
 def free_drafting(costs: VerifyCostTable) -> VerifyCostTable:

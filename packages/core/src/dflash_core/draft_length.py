@@ -136,7 +136,7 @@ def measure_cost_table(target, drafter, block_size: int, *, context: int = 64, r
     the warm-up: the steady state of a process that meets those lengths again. (The first pass over a
     new length builds kernels for it: in bf16 on an AVX512-BF16 CPU that added ~1.2 ms to a 1.3 ms
     pass, and a table timed over ever-growing contexts read a drafting step at 0.36-0.56 target
-    tokens between runs where the steady state is 0.30.)
+    tokens from one run to the next; timed this way, 0.36-0.38.)
     """
     if not 1 <= block_size <= drafter.config.block_size:
         raise ValueError(f"block_size {block_size} is outside 1..{drafter.config.block_size} (the drafter's block)")
@@ -206,6 +206,7 @@ class DraftLengthPolicy:
         self.prior_weight = 1.0  # the prior's pseudo-counts age like observations
         self.retry = (0, 0)  # (k, rows) of this step when it drafts only to explore, else k = 0
         self.retry_accepted = 0  # drafts accepted by the rows of that retry so far
+        self.last_rates: tuple[float, ...] = ()  # rates(rows) as of the last `choose`, k = 0..B-1
 
     # ---- estimates ---------------------------------------------------------------------------
     def acceptance(self) -> tuple[float, ...]:
@@ -244,7 +245,7 @@ class DraftLengthPolicy:
         """k for this step (one for all `rows` rows of the batch); retries drafting within the time budget."""
         if rows < 1:
             raise ValueError(f"rows must be >= 1, got {rows}")
-        rates = self.rates(rows)
+        rates = self.last_rates = self.rates(rows)  # kept: the decoder weighs another draft source against them
         best = max(range(len(rates)), key=lambda k: (rates[k], -k))  # ties: the cheaper step
         paid_off = self._retry_paid_off()
         self.retry, self.retry_accepted = (0, 0), 0
