@@ -329,7 +329,8 @@ class _Decoder:
         rates = [sum(expected[min(j, len(c))] for c in copies) / self.lookup.costs.step(j, batch)
                  for j in range(len(expected))]
         best = max(range(1, len(rates)), key=lambda j: (rates[j], -j))
-        if rates[best] <= max(rates[0], self.policy.last_rates[k]):  # the drafter's, from this step's choose
+        # the drafter's rate at its k, recomputed: a policy of the caller's may override `choose`
+        if rates[best] <= max(rates[0], self.policy.rates(batch)[k]):
             return None
         return [c[:best] for c in copies]
 

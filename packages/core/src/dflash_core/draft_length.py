@@ -206,7 +206,6 @@ class DraftLengthPolicy:
         self.prior_weight = 1.0  # the prior's pseudo-counts age like observations
         self.retry = (0, 0)  # (k, rows) of this step when it drafts only to explore, else k = 0
         self.retry_accepted = 0  # drafts accepted by the rows of that retry so far
-        self.last_rates: tuple[float, ...] = ()  # rates(rows) as of the last `choose`, k = 0..B-1
 
     # ---- estimates ---------------------------------------------------------------------------
     def acceptance(self) -> tuple[float, ...]:
@@ -245,7 +244,7 @@ class DraftLengthPolicy:
         """k for this step (one for all `rows` rows of the batch); retries drafting within the time budget."""
         if rows < 1:
             raise ValueError(f"rows must be >= 1, got {rows}")
-        rates = self.last_rates = self.rates(rows)  # kept: the decoder weighs another draft source against them
+        rates = self.rates(rows)
         best = max(range(len(rates)), key=lambda k: (rates[k], -k))  # ties: the cheaper step
         paid_off = self._retry_paid_off()
         self.retry, self.retry_accepted = (0, 0), 0
