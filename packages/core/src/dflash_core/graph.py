@@ -90,8 +90,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 
 
 def project_features(w: DrafterWeights, dims: DrafterDims, target_hidden: torch.Tensor) -> torch.Tensor:
-    """Target features [B, C, n*H] -> drafter width [B, C, H]: fc then hidden_norm."""
-    return rms_norm(F.linear(target_hidden, w.fc), w.hidden_norm, dims.eps)
+    """Target features [B, C, n*H] -> drafter width [B, C, H]: fc then hidden_norm.
+
+    The features are usually a slice of the target's output (the accepted part of a verified block),
+    so the projection runs as one 2D matmul: on CPU, bf16 `F.linear` over such a 3D slice takes a
+    batched path that copies the weight on every call (one accepted token: 78 us against 22 us for
+    the 2D matmul, measured on an AVX512-BF16 EPYC; a quarter of a whole KV injection).
+    """
+    batch, ctx, width = target_hidden.shape
+    projected = F.linear(target_hidden.reshape(batch * ctx, width), w.fc).view(batch, ctx, -1)
+    return rms_norm(projected, w.hidden_norm, dims.eps)
 
 
 def inject_context(

@@ -48,6 +48,7 @@ LEVERS: dict[str, dict] = {
     "init-target": {"init_from_target": True},
     "depth-2": {"draft_layers": 2, "feature_layers": 1},  # depth alone: the features stay the baseline's
     "depth-3": {"draft_layers": 3, "feature_layers": 1},
+    "depth-2-features-6": {"draft_layers": 2, "feature_layers": 6},  # the two capacity levers together
     "data-quarter": {},  # the baseline on the first part of the data (DATA_SHARES): how tau grows with data
     "data-half": {},
 }
