@@ -80,6 +80,22 @@ def test_learning_curve_reports_tau_against_training_tokens(models_and_data):
     assert points[1]["tokens"] == 2 * points[0]["tokens"]
 
 
+def test_finished_curves_compare_step_by_step(models_and_data, tmp_path):
+    root, models = models_and_data
+    for lever, steps in (("baseline", 2), ("features-6", 1)):
+        assert _main(root, models, "--curve", lever, "--curve-steps", str(steps), "--eval-every", "1",
+                     "--out", str(tmp_path / lever)) == 0
+    spec = f"one layer={tmp_path / 'baseline'},all six={tmp_path / 'features-6'}"
+    assert ablation.main(["--compare", spec, "--out", str(tmp_path / "cmp"), "--name", "curves"]) == 0
+    report = json.loads((tmp_path / "cmp/curves.json").read_text())
+    taus = {label: [p["tau"] for p in c["points"]] for label, c in report["data"]["curves"].items()}
+    assert len(taus["one layer"]) == 2 and len(taus["all six"]) == 1
+    assert [row[0] for row in report["rows"]] == [1, 2] and report["rows"][1][2] == ""  # features-6 stopped at 1
+    assert report["rows"][0][1] == f"{taus['one layer'][0]:.2f}" and (tmp_path / "cmp/curves.png").exists()
+    with pytest.raises(SystemExit, match="not LABEL=DIR"):
+        ablation.main(["--compare", str(tmp_path / "baseline"), "--out", str(tmp_path / "cmp")])
+
+
 def test_data_levers_train_on_the_first_shards_and_resume_against_them(models_and_data):
     root, models = models_and_data
     data = load_data(root / "data")

@@ -9,7 +9,10 @@ Measured on one pair, after a cached context of `--context` tokens, each the fas
 - verify width q: the same HF forward over q tokens, and our `TargetModel` forward (feature hooks,
   final hidden) + LM head + argmax over q tokens, the verification the decoder really runs;
 - drafting: one block pass (`draft_with_cache`), the LM head read-out of k drafts, and the KV
-  injection of one accepted token (`extend_cache`);
+  injection of one accepted token (`extend_cache`); then a whole drafting step (injection of one
+  token, block pass, read-out of one draft) timed twice: back to back, and right after a verify of
+  the whole block, as decoding meets it (the verify streams the target's weights through the
+  caches, so the drafter's must come back from memory);
 - with `--compile`: the same draft pass under `torch.compile` (CPU: inductor, C++), to see if it pays.
 """
 
@@ -84,9 +87,45 @@ def measure(pair, *, context: int, repeats: int, compile_draft: bool = False) ->
         rows[f"draft read-out, {k} drafts"] = _fastest(
             lambda k=k: target.logits(hidden[:, 1:1 + k]).float().argmax(-1), repeats, device)
     rows["KV injection, 1 token"] = _fastest(lambda: _inject_one(drafter, out, positions, context), repeats, device)
+
+    def fresh_context():
+        fresh = drafter.new_cache(1, context + 1)
+        drafter.extend_cache(fresh, out.features, positions[:, :context], [context])
+        return fresh
+
+    def drafting_step(fresh) -> None:  # what the decoder pays to draft: inject the accepted token, draft, read out
+        drafter.extend_cache(fresh, out.features[:, -1:], positions[:, context - 1:context], [1])
+        target.logits(drafter.draft_with_cache(fresh, noise, block_pos)[:, 1:2]).argmax(-1)
+
+    def after_a_drafting_step():  # the drafter's weights were just used
+        drafting_step(fresh_context())
+        return fresh_context()
+
+    def after_a_verify():  # the target's were
+        fresh = fresh_context()
+        verify(block)()
+        return fresh
+
+    rows["drafting step, back to back"] = _fastest_after(after_a_drafting_step, drafting_step, repeats, device)
+    rows[f"drafting step, right after a {block}-token verify"] = _fastest_after(after_a_verify, drafting_step,
+                                                                                repeats, device)
     if compile_draft:
         rows["draft pass (block), torch.compile"] = _compiled_draft(drafter, dcache, noise, block_pos, repeats, device)
     return {"unit_s": unit, "seconds": rows, "relative": {k: v / unit for k, v in rows.items()}}
+
+
+def _fastest_after(prepare, run, repeats: int, device: torch.device) -> float:
+    """Fastest `run(prepare())` over `repeats`, timing only `run` (after one untimed warm-up)."""
+    run(prepare())
+    times = []
+    for _ in range(repeats):
+        state = prepare()
+        sync_device(device)
+        started = time.perf_counter()
+        run(state)
+        sync_device(device)
+        times.append(time.perf_counter() - started)
+    return min(times)
 
 
 def _inject_one(drafter, out, positions, context: int) -> None:

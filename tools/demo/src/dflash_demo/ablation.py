@@ -175,6 +175,29 @@ def curve(setup: _Setup, name: str, recipe: DemoRecipe, steps: int, eval_every: 
     return {"lever": name, "steps": steps, "eval_every": eval_every, "points": points}
 
 
+def compare_curves(spec: str, out: Path, name: str, command: str) -> int:
+    """NAME.{json,md,png} under `out`: held-out tau of several finished curves, step by step."""
+    from dflash_bench.report import plot_lines, write_report
+
+    curves = {}
+    for item in spec.split(","):
+        label, sep, folder = item.partition("=")
+        if not sep or not label.strip():
+            raise SystemExit(f"--compare item {item!r} is not LABEL=DIR")
+        curves[label.strip()] = read_json_object(Path(folder) / "learning_curve.json", expected="a learning_curve.json of this tool")["data"]
+    steps = sorted({p["step"] for c in curves.values() for p in c["points"]})
+    taus = {label: {p["step"]: p["tau"] for p in c["points"]} for label, c in curves.items()}
+    rows = [[step] + [f"{taus[label][step]:.2f}" if step in taus[label] else "" for label in curves] for step in steps]
+    write_report(out, name, title="Held-out tau vs training step: " + ", ".join(curves), command=command,
+                 columns=["step"] + [f"{label} ({c['lever']}, {c['steps']}-step schedule)" for label, c in curves.items()],
+                 rows=rows, data={"curves": curves},
+                 notes=["each curve's own report states its machine, data and evaluation"])
+    plot_lines(out / f"{name}.png", "Learning curves (demo pair)", "training tokens", "held-out tau (block 16, greedy)",
+               {label: ([p["tokens"] for p in c["points"]], [p["tau"] for p in c["points"]]) for label, c in curves.items()})
+    print((out / f"{name}.md").read_text())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from dflash_bench.report import plot_bars, plot_lines, write_report
 
@@ -192,8 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-every", type=int, default=250)
     parser.add_argument("--eval-prompts", type=int, default=16)
     parser.add_argument("--eval-tokens", type=int, default=128)
+    parser.add_argument("--compare", default=None, metavar="LABEL=DIR,...",
+                        help="instead: one table and plot of finished curves (each DIR holds a learning_curve.json)")
     args = parser.parse_args(argv)
     command = "python -m dflash_demo.ablation " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.compare:
+        return compare_curves(args.compare, args.out, args.name, command)
     setup = _Setup(args.models, args.data, args.device, args.eval_prompts, args.eval_tokens)
     recipe = DemoRecipe()
     note = (f"held-out tau: whole block verified every step, greedy, fp32, first {len(setup.prompts)} prompts of "
