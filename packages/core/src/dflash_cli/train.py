@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from dflash_core.draft_vocab import DEFAULT_COVERAGE
 from dflash_core.dtypes import SHORT_NAMES
 from dflash_core.errors import ConfigError
 from dflash_core.fileio import guard_output
@@ -72,6 +73,12 @@ def add_parser(commands) -> None:
                    help="evaluate tau every N steps (0: only at the end)")
     p.add_argument("--eval-max-new-tokens", type=flags.integer(1), default=64)
     p.add_argument("--save-dtype", choices=SHORT_NAMES, default="bf16")
+    vocab = p.add_mutually_exclusive_group()
+    vocab.add_argument("--draft-vocab-coverage", type=flags.number(maximum=1.0, above=0.0), default=DEFAULT_COVERAGE,
+                       help="write draft_vocab.json: the most frequent response tokens of the data, as many as "
+                            f"cover this share of them; drafts are read out over those only (default {DEFAULT_COVERAGE})")
+    vocab.add_argument("--no-draft-vocab", action="store_true",
+                       help="no draft_vocab.json: drafts are read out over the whole vocabulary")
     p.add_argument("--no-progress", action="store_true")
     add_runtime_args(p, default_dtype="auto", allow_auto=True)
     p.set_defaults(run=run)
@@ -114,7 +121,8 @@ def run(args) -> int:
     train = replace(train, bf16=dtype == torch.bfloat16)
     options = RunOptions(out=args.out, checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
                          eval_prompts=eval_prompts, eval_max_new_tokens=args.eval_max_new_tokens,
-                         save_dtype=args.save_dtype, progress=not args.no_progress)
+                         save_dtype=args.save_dtype, progress=not args.no_progress,
+                         draft_vocab_coverage=None if args.no_draft_vocab else args.draft_vocab_coverage)
     trainer = Trainer(target, load_tokenizer(args.target), data, train, options, place)
     report = trainer.run()
     if place.main:

@@ -27,6 +27,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from .context_lookup import NgramIndex, free_drafting
 from .draft_length import DraftLengthPolicy, cost_table_for
+from .draft_vocab import read_out_for
 from .drafter_backend import DrafterBackend
 from .errors import GenerationError
 from .pairing import check_compatibility
@@ -206,6 +207,7 @@ class _Decoder:
         mask_id = drafter.config.mask_token_id if drafter is not None else 0
         self.masks = torch.full((1, self.block - 1), mask_id, dtype=torch.long, device=self.device)
         self.no_drafts = torch.zeros((batch, 0), dtype=torch.long, device=self.device)
+        self.read_out = None if drafter is None else read_out_for(drafter, target)  # hidden -> draft tokens
         # features [B, n, F], positions [B, n] and per-row counts of the tokens that steps without a
         # drafter pass committed (plain steps, lookup steps), injected into the drafter's context only
         # before its next draft: one projection for many steps, none if the drafter never drafts again
@@ -349,7 +351,7 @@ class _Decoder:
     def _draft(self, k: int, positions: torch.Tensor) -> torch.Tensor:
         """The drafter's first k drafts [B, k]: the whole block [last, MASK x (B-1)] at `positions` [B, Q] at once."""
         block_ids = torch.cat([self.rows.last[:, None], self.masks.expand(len(self.rows.ids), -1)], dim=1)
-        return self.drafter.propose(self.dcache, self.target.embed(block_ids), positions, self.target.logits, k)
+        return self.drafter.propose(self.dcache, self.target.embed(block_ids), positions, self.read_out, k)
 
     def _emit(self, new_tokens: list[list[int]], verified: bool) -> list[list[int]]:
         """Record each active row's committed tokens; retire rows that stopped or hit the limit."""

@@ -48,6 +48,7 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache
 
+from .draft_vocab import read_out_for
 from .profiling import sync_device
 from .target import TargetModel
 from .target_cache import truncate_cache
@@ -164,8 +165,10 @@ def measure_cost_table(target, drafter, block_size: int, *, context: int = 64, r
         drafter.extend_cache(cache, out.features, positions[:, :context], [context])
         return cache
 
+    read_out = read_out_for(drafter, target)
+
     def draft(k: int) -> None:
-        drafter.propose(dcache, noise, positions[:, context:], target.logits, k)  # [1, k] drafts
+        drafter.propose(dcache, noise, positions[:, context:], read_out, k)  # [1, k] drafts
         drafter.extend_cache(dcache, out.features[:, -1:], positions[:, context - 1 : context], [1])
 
     items = [(verify, q) for q in range(1, block_size + 1)] + [(draft, 1), (draft, max(1, block_size - 1))]
@@ -331,7 +334,7 @@ def cost_table_for(target: TargetModel, drafter, *, cache_dir=None) -> VerifyCos
     """The pair's cost table: from this process, else the user's cache directory, else measured now.
 
     Keyed by machine (CPU and ISA flags or GPU, torch, threads), target config, dtype, device and
-    the drafter's config and backend. A few seconds on the demo pair the first time.
+    the drafter's config, backend and read-out vocabulary size. A few seconds on the demo pair the first time.
     """
     from .auto_dtype import default_cache_dir, machine_key, model_key, read_cache, write_cache
     from .dtypes import short_name
@@ -340,7 +343,7 @@ def cost_table_for(target: TargetModel, drafter, *, cache_dir=None) -> VerifyCos
     drafter_hash = hashlib.sha256(json.dumps(drafter.config.to_dict(), sort_keys=True, default=str).encode())
     key = (f"{machine_key(target.device)}|model={model_key(target.model, block)[:16]}|dtype={short_name(target.dtype)}"
            f"|device={target.device}|drafter={drafter_hash.hexdigest()[:16]}|backend={type(drafter).__name__}"
-           f"|method={COST_METHOD}")
+           f"|readout={len(getattr(drafter, 'draft_vocab', None) or ()) or 'all'}|method={COST_METHOD}")
     if key in _MEASURED:
         return _MEASURED[key]
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()

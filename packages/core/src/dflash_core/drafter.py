@@ -16,11 +16,11 @@ from . import graph
 from .checkpoint import check_drafter_tensors, load_tensors, save_tensors
 from .config import DFlashConfig
 from .draft_cache import DraftKVCache
+from .draft_vocab import ReadOut, load_draft_vocab
 from .dtypes import config_name, resolve_dtype
 from .errors import CheckpointError, CompatibilityError
 from .masks import block_attention_mask, window_mask
 from .rope import rope_frequencies
-from .sampling import greedy_tokens
 
 class _Norm(nn.Module):
     def __init__(self, size: int) -> None:
@@ -82,6 +82,7 @@ class Drafter(nn.Module):
             windows=tuple(config.layer_window(i) for i in range(config.num_hidden_layers)),
         )
         self._fused: tuple[tuple, graph.DrafterWeights] | None = None
+        self.draft_vocab: list[int] | None = None  # ids drafts are read out over (`draft_vocab`); None: all
 
     # ---- weights -----------------------------------------------------------------------------
     def reset_parameters(self, std: float = 0.02, generator: torch.Generator | None = None) -> None:
@@ -180,12 +181,12 @@ class Drafter(nn.Module):
         return graph.draft_forward(self.weights(), self.dims, noise_embedding, block_positions, ctx_k, ctx_v, masks)
 
     def propose(self, cache: DraftKVCache, noise_embedding: torch.Tensor, block_positions: torch.Tensor,
-                lm_head, num_drafts: int | None = None) -> torch.Tensor:
-        """Draft tokens [B, k]: argmax of the target's `lm_head` at block positions 1..k (k = num_drafts,
-        default Q-1). The whole block is drafted either way; only the read-out is limited to k."""
+                read_out: ReadOut, num_drafts: int | None = None) -> torch.Tensor:
+        """Draft tokens [B, k]: `read_out` (the target's LM head, argmax) of block positions 1..k (k =
+        num_drafts, default Q-1). The whole block is drafted either way; only the read-out is limited to k."""
         hidden = self.draft_with_cache(cache, noise_embedding, block_positions)
         end = hidden.shape[1] if num_drafts is None else 1 + num_drafts
-        return greedy_tokens(lm_head(hidden[:, 1:end]))
+        return read_out(hidden[:, 1:end])
 
     def check_runtime(self, target) -> None:
         """The target feeds embeddings and features straight in: same precision, same device."""
@@ -238,6 +239,7 @@ def load_drafter(path: str | os.PathLike, device: torch.device | str = "cpu",
     drafter = drafter.to_empty(device=device).to(dtype)
     drafter._inv_freq = rope_frequencies(config)[0]
     drafter.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=True)
+    drafter.draft_vocab = load_draft_vocab(path, config.vocab_size)
     return drafter.eval().requires_grad_(False)
 
 

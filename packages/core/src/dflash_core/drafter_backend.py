@@ -8,11 +8,12 @@ object its `new_cache` returns (the loop only ever asks that state to drop finis
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from .config import DFlashConfig
+from .draft_vocab import ReadOut
 
 
 @runtime_checkable
@@ -40,6 +41,7 @@ class DrafterBackend(Protocol):
         row b keeps its first counts[b] of the n."""
 
     def propose(self, cache: DraftState, noise_embedding: torch.Tensor, block_positions: torch.Tensor,
-                lm_head: Callable[[torch.Tensor], torch.Tensor], num_drafts: int | None = None) -> torch.Tensor:
+                read_out: ReadOut, num_drafts: int | None = None) -> torch.Tensor:
         """Draft tokens [B, k] for the block embedded as noise_embedding [B, Q, H] at positions [B, Q]:
-        the first k = num_drafts (default Q-1) block positions after the anchor."""
+        the first k = num_drafts (default Q-1) block positions after the anchor, turned into tokens by
+        `read_out` (hidden [B, k, H] -> tokens [B, k]; `draft_vocab.read_out_for`)."""

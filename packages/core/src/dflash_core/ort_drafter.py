@@ -110,7 +110,7 @@ class OnnxRuntimeDrafter:
         cache.hold(target_hidden.to(self.dtype), positions, counts)
 
     def propose(self, cache: OrtDraftState, noise_embedding: torch.Tensor, block_positions: torch.Tensor,
-                lm_head, num_drafts: int | None = None) -> torch.Tensor:
+                read_out, num_drafts: int | None = None) -> torch.Tensor:
         kv = cache.kv
         features, positions, counts = cache.take_pending() or (
             noise_embedding.new_zeros(noise_embedding.shape[0], 0, self.config.fc_in_features).to(self.dtype),
@@ -132,8 +132,9 @@ class OnnxRuntimeDrafter:
                      counts)
         end = out.shape[1] if num_drafts is None else 1 + num_drafts
         out = torch.from_numpy(out[:, 1:end])
-        logits = out if self.has_lm_head else lm_head(out.to(noise_embedding.dtype))
-        return greedy_tokens(logits).to(noise_embedding.device)
+        if self.has_lm_head:  # the graph read out over the whole vocabulary itself
+            return greedy_tokens(out).to(noise_embedding.device)
+        return read_out(out.to(noise_embedding.dtype)).to(noise_embedding.device)
 
 
 def _np(tensor: torch.Tensor) -> np.ndarray:

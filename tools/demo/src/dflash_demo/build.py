@@ -192,14 +192,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def publish_drafter(run: Path, dest: Path) -> None:
-    """Copy the trained drafter (published format, no training state) into models/demo/drafter."""
+    """Copy the trained drafter (published format and its read-out list, no training state) into
+    models/demo/drafter."""
     import shutil
 
+    from dflash_core.draft_vocab import DRAFT_VOCAB_FILE
     from dflash_core.fileio import atomic_directory
 
     with atomic_directory(dest, overwrite=True) as tmp:
-        for name in ("config.json", "model.safetensors"):
-            shutil.copy2(run / name, tmp / name)
+        for name in ("config.json", "model.safetensors", DRAFT_VOCAB_FILE):
+            if (run / name).is_file() or name != DRAFT_VOCAB_FILE:
+                shutil.copy2(run / name, tmp / name)
 
 
 if __name__ == "__main__":

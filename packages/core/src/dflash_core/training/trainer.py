@@ -20,6 +20,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from ..decoding import generate
+from ..draft_vocab import DEFAULT_COVERAGE, DRAFT_VOCAB_FILE, choose_draft_vocab, count_tokens, save_draft_vocab
 from ..drafter import Drafter
 from ..checkpoint import check_weight_values
 from ..errors import CheckpointError, ConfigError, DataError
@@ -49,6 +50,9 @@ class RunOptions:
     eval_max_new_tokens: int = 64
     save_dtype: str = "bf16"
     progress: bool = True
+    # share of the data's response tokens the drafter's read-out list covers (`draft_vocab.json` beside the
+    # weights, `dflash_core.draft_vocab`); None: no list, drafts are read out over the whole vocabulary
+    draft_vocab_coverage: float | None = DEFAULT_COVERAGE
 
 
 @dataclass
@@ -96,6 +100,12 @@ class Trainer:
             init_from_target(self.drafter, target)
         self.drafter.requires_grad_(True).train()
         target.set_layer_ids(self.drafter.config.target_layer_ids)
+        self.draft_vocab = None  # (ids, coverage): the read-out list, also used by the periodic evaluation
+        if options.draft_vocab_coverage is not None:
+            responses = (s.tokens[s.prompt_length:] for s in data.samples)
+            self.draft_vocab = choose_draft_vocab(count_tokens(responses, target.vocab_size),
+                                                  options.draft_vocab_coverage)
+            self.drafter.draft_vocab = self.draft_vocab[0]
         self.objective = TrainingObjective(self.drafter, target, train.loss_gamma, train.soft_weight,
                                            train.distill_temperature)
         self.model = self.objective
@@ -221,6 +231,11 @@ class Trainer:
                     "world_size": self.place.world}
             save_training_state(self.state_dir, dict(self.drafter.state_dict()), self.optimizer, meta)
             self.drafter.save_pretrained(self.options.out, dtype=self.options.save_dtype)
+            if self.draft_vocab is not None:
+                save_draft_vocab(self.options.out, *self.draft_vocab,
+                                 source=f"the most frequent response tokens of the training data {self.data.path}")
+            else:
+                (self.options.out / DRAFT_VOCAB_FILE).unlink(missing_ok=True)  # a list from an earlier run would lie
         if self.place.world > 1:
             dist.barrier()
 

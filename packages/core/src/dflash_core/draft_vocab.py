@@ -1,0 +1,125 @@
+"""The drafts' read-out vocabulary: the tokens the target actually writes, not all of its vocabulary.
+
+A drafter's hidden states become draft tokens through the target's LM head. Read out over the whole
+vocabulary, that head is the largest weight a drafting step touches (the demo target's 8,192 x 384
+head outweighs the whole 1-layer drafter), although the target's own outputs use a small part of it:
+its greedy responses in the demo training data use 2,566 distinct tokens, and the 2,048 most frequent
+cover 99.95% of them. So a drafter may carry `draft_vocab.json`, the ids the target writes most, and
+drafts are read out over those rows only (as EAGLE-3's draft vocabulary and FR-Spec do).
+
+Losslessness is untouched: a draft is still one deterministic token per position that the target
+verifies; a token outside the list is simply never proposed (the target writes it at that step).
+Drafters without the file (the published ones) read out over the whole vocabulary.
+
+File: {"token_ids": [...], "coverage": c, "source": "..."}; ids unique, in [0, vocab), sorted.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .errors import CheckpointError
+from .fileio import write_json
+from .sampling import greedy_tokens
+from .textfiles import read_json_object
+
+DRAFT_VOCAB_FILE = "draft_vocab.json"
+DEFAULT_COVERAGE = 0.999  # share of the target's response tokens the list must cover
+ROUND_TO = 64  # list lengths are multiples of this (matmul-friendly row counts)
+
+ReadOut = Callable[[torch.Tensor], torch.Tensor]  # drafter hidden states [B, k, H] -> draft tokens [B, k]
+
+
+def count_tokens(responses: Iterable[np.ndarray], vocab_size: int) -> np.ndarray:
+    """How often each id occurs in the given response token arrays: [vocab_size] int64."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for tokens in responses:
+        counts += np.bincount(np.asarray(tokens, dtype=np.int64), minlength=vocab_size)[:vocab_size]
+    return counts
+
+
+def choose_draft_vocab(counts: np.ndarray, coverage: float = DEFAULT_COVERAGE) -> tuple[list[int], float]:
+    """The most frequent ids whose counts reach `coverage` of the total, rounded up to a multiple of
+    ROUND_TO (ties by id); returns (sorted ids, the share of counts they cover)."""
+    if not 0.0 < coverage <= 1.0:
+        raise ValueError(f"coverage must be in (0, 1], got {coverage}")
+    total = int(counts.sum())
+    if total == 0:
+        raise ValueError("no tokens were counted: a draft vocabulary needs the target's responses")
+    order = np.lexsort((np.arange(len(counts)), -counts))  # most frequent first, lower id first on ties
+    cumulative = np.cumsum(counts[order])
+    needed = int(np.searchsorted(cumulative, coverage * total - 1e-9)) + 1
+    size = min(len(counts), -(-needed // ROUND_TO) * ROUND_TO)
+    ids = sorted(int(i) for i in order[:size])
+    return ids, float(cumulative[size - 1]) / total
+
+
+def save_draft_vocab(directory: str | os.PathLike, ids: list[int], coverage: float, source: str) -> Path:
+    path = Path(directory) / DRAFT_VOCAB_FILE
+    write_json(path, {"token_ids": sorted(ids), "coverage": round(coverage, 6), "source": source})
+    return path
+
+
+def load_draft_vocab(directory: str | os.PathLike, vocab_size: int | None = None) -> list[int] | None:
+    """The ids of a drafter directory's `draft_vocab.json`, or None when it has none (whole vocabulary)."""
+    path = Path(directory) / DRAFT_VOCAB_FILE
+    if not path.is_file():
+        return None
+    expected = 'an object {"token_ids": [unique ids in the target vocabulary], ...}'
+    data = read_json_object(path, CheckpointError, expected)
+    ids = data.get("token_ids")
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise CheckpointError(f"{path}: 'token_ids' must be a non-empty list of integers, expected {expected}.")
+    if len(set(ids)) != len(ids):
+        raise CheckpointError(f"{path}: 'token_ids' repeats an id, expected {expected}.")
+    bad = [i for i in ids if i < 0 or (vocab_size is not None and i >= vocab_size)]
+    if bad:
+        limit = "" if vocab_size is None else f" [0, {vocab_size})"
+        raise CheckpointError(f"{path}: token id {bad[0]} is outside the target's vocabulary{limit}.")
+    return sorted(ids)
+
+
+def full_read_out(lm_head: Callable[[torch.Tensor], torch.Tensor]) -> ReadOut:
+    """Drafts over the whole vocabulary: argmax of the target's LM head."""
+    return lambda hidden: greedy_tokens(lm_head(hidden))
+
+
+def read_out_for(drafter, target) -> ReadOut:
+    """The read-out decoding uses for this pair: over the drafter's `draft_vocab` when it has one,
+    else the whole vocabulary. The subset's rows are copied once per head and kept on the drafter."""
+    ids = getattr(drafter, "draft_vocab", None)
+    if ids is None:
+        return full_read_out(target.logits)
+    head = target.model.lm_head
+    key = (head.weight.data_ptr(), head.weight._version, head.weight.dtype, tuple(ids))
+    cached = getattr(drafter, "_subset_read_out", None)
+    if cached is None or cached[0] != key:
+        cached = (key, SubsetReadOut(head, ids))
+        drafter._subset_read_out = cached
+    return cached[1]
+
+
+class SubsetReadOut:
+    """Drafts over a list of ids: argmax over those rows of the LM head, mapped back to token ids.
+
+    Holds a contiguous copy of the rows ([N, H], same dtype and device as the head), made once.
+    """
+
+    def __init__(self, head: torch.nn.Linear, ids: list[int]) -> None:
+        index = torch.tensor(ids, dtype=torch.long, device=head.weight.device)
+        if int(index.max()) >= head.weight.shape[0]:
+            raise CheckpointError(f"draft vocabulary id {int(index.max())} is outside the target's LM head "
+                                  f"({head.weight.shape[0]} rows): expected the drafter's own target.")
+        self.ids = index  # [N]
+        self.weight = head.weight.detach().index_select(0, index).contiguous()  # [N, H]
+        self.bias = None if head.bias is None else head.bias.detach().index_select(0, index)
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(hidden.reshape(-1, hidden.shape[-1]), self.weight, self.bias)  # [B*k, N]
+        return self.ids[greedy_tokens(logits)].view(hidden.shape[:-1])
