@@ -118,3 +118,17 @@ def test_training_writes_the_list_and_the_drafter_loads_it(tmp_path):
     assert main([*common, "--out", str(tmp_path / "without"), "--no-draft-vocab"]) == 0
     assert not (tmp_path / "without" / DRAFT_VOCAB_FILE).exists()
     assert load_drafter(tmp_path / "without").draft_vocab is None
+
+
+def test_make_models_publishes_the_list_with_the_drafter(tmp_path):
+    from dflash_demo.build import publish_drafter
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (run / name).write_text(name)
+    publish_drafter(run, tmp_path / "without")
+    assert sorted(p.name for p in (tmp_path / "without").iterdir()) == ["config.json", "model.safetensors"]
+    save_draft_vocab(run, [1, 2], 1.0, "hand")
+    publish_drafter(run, tmp_path / "with")
+    assert load_draft_vocab(tmp_path / "with") == [1, 2]

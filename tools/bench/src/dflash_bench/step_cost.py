@@ -36,14 +36,8 @@ from .report import write_report
 
 
 def _fastest(run, repeats: int, device: torch.device) -> float:
-    run()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        sync_device(device)
-        times.append(time.perf_counter() - started)
-    return min(times)
+    """Fastest of `repeats` calls of `run()` after one untimed warm-up."""
+    return _fastest_after(lambda: None, lambda _: run(), repeats, device)
 
 
 @torch.inference_mode()

@@ -200,9 +200,10 @@ def publish_drafter(run: Path, dest: Path) -> None:
     from dflash_core.fileio import atomic_directory
 
     with atomic_directory(dest, overwrite=True) as tmp:
-        for name in ("config.json", "model.safetensors", DRAFT_VOCAB_FILE):
-            if (run / name).is_file() or name != DRAFT_VOCAB_FILE:
-                shutil.copy2(run / name, tmp / name)
+        for name in ("config.json", "model.safetensors"):
+            shutil.copy2(run / name, tmp / name)
+        if (run / DRAFT_VOCAB_FILE).is_file():  # a run trained with --no-draft-vocab has none
+            shutil.copy2(run / DRAFT_VOCAB_FILE, tmp / DRAFT_VOCAB_FILE)
 
 
 if __name__ == "__main__":
