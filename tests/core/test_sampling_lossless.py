@@ -167,3 +167,74 @@ def test_empty_prompt(pair):
     with pytest.raises(GenerationError, match="row 1 is empty after removing padding"):
         generate(model, drafter, torch.tensor([[1, 2], [0, 0]]), attention_mask=torch.tensor([[1, 1], [0, 0]]),
                  max_new_tokens=4)
+
+
+# ---- sampled drafts: d ~ q, kept with probability min(1, p/q), residual on rejection ------------------
+
+def _one_position(p, q, claimed_q=None, rows=20000, seed=0):
+    """Draw d ~ q per row and run the acceptance test with `claimed_q` (default q) as the proposal."""
+    from dflash_core.draft_sampling import speculative_accept
+
+    gen = torch.Generator().manual_seed(seed)
+    drafts = torch.multinomial(q.expand(rows, -1), 1, replacement=True, generator=gen)  # [rows, 1]
+    claimed = (q if claimed_q is None else claimed_q).expand(rows, 1, -1)
+    target = torch.stack([p, torch.full_like(p, 1 / len(p))]).expand(rows, -1, -1)  # p_0, then any p_1
+    accepted, nxt = speculative_accept(drafts, claimed, target, gen)
+    first = torch.where(accepted == 1, drafts[:, 0], nxt)  # the first committed token
+    return Counter(first.tolist()), accepted.float().mean().item()
+
+
+def test_speculative_accept_commits_the_target_distribution_and_accepts_sum_min():
+    p = torch.tensor([0.5, 0.2, 0.2, 0.1, 0.0])
+    q = torch.tensor([0.1, 0.3, 0.2, 0.2, 0.2])  # puts mass where p has none
+    counts, rate = _one_position(p, q)
+    assert chi_square_p(counts, {t: p[t].item() for t in range(5)}, 20000) > ALPHA
+    assert counts[4] == 0  # a token the target never writes is never committed
+    expected_rate = torch.minimum(p, q).sum().item()  # 0.6; a greedy draft of q's argmax (token 1): 0.2
+    assert abs(rate - expected_rate) < 4 * (expected_rate * (1 - expected_rate) / 20000) ** 0.5
+
+
+def test_speculative_accept_fails_with_the_wrong_proposal():
+    """Negative control: dividing by a q the drafts were not drawn from skews the output, and the test sees it."""
+    p = torch.tensor([0.5, 0.2, 0.2, 0.1, 0.0])
+    q = torch.tensor([0.1, 0.3, 0.2, 0.2, 0.2])
+    counts, _ = _one_position(p, q, claimed_q=torch.full((5,), 0.2))
+    assert chi_square_p(counts, {t: p[t].item() for t in range(5)}, 20000) < ALPHA
+
+
+def test_speculative_accept_keeps_every_draft_when_q_equals_p():
+    from dflash_core.draft_sampling import speculative_accept
+
+    gen = torch.Generator().manual_seed(1)
+    p = torch.rand(64, 5, 7, generator=gen).softmax(-1)  # [B, k+1, V]
+    drafts = torch.multinomial(p[:, :4].reshape(-1, 7), 1, generator=gen).view(64, 4)
+    accepted, nxt = speculative_accept(drafts, p[:, :4], p, gen)
+    assert accepted.tolist() == [4] * 64 and nxt.shape == (64,)
+
+
+def test_draft_sampler_draws_from_the_list_and_keeps_q_over_the_vocabulary():
+    from dflash_core.draft_sampling import DraftSampler
+    from dflash_core.draft_vocab import SubsetReadOut
+    from dflash_core.sampling import SamplingParams
+
+    head = torch.nn.Linear(6, 10, bias=False)
+    ids = [1, 4, 7]
+    sampler = DraftSampler(SubsetReadOut(head, ids), 10, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    tokens = sampler(torch.randn(2, 3, 6))
+    probs = sampler.take_probs()
+    assert set(tokens.flatten().tolist()) <= set(ids) and probs.shape == (2, 3, 10)
+    assert torch.allclose(probs.sum(-1), torch.ones(2, 3))
+    assert probs[..., [0, 2, 3, 5, 6, 8, 9]].abs().sum() == 0
+    assert sampler.take_probs() is None  # once
+
+
+def test_sampled_drafts_from_a_draft_vocabulary_keep_the_target_distribution(pair):
+    """q is zero outside the drafter's list: the residual writes those tokens, the samples still follow p."""
+    model, drafter = pair
+    drafter.draft_vocab = [0, 2]
+    try:
+        counts, result = speculative_samples(model, drafter, 1.0, 0, 1.0, seed=11)
+    finally:
+        drafter.draft_vocab = None
+    assert result.tau > 1.05, "drafts must really be accepted for this test to mean anything"
+    assert chi_square_p(counts, exact_joint(model, 1.0, 0, 1.0), SAMPLES) > ALPHA

@@ -4,7 +4,8 @@ One step, for every active row:
   0. choose  k, the drafts to verify (0..B-1): `DraftLengthPolicy` weighs this machine's cost of
              verifying k+1 tokens against the acceptance seen so far; k = 0 is a plain target step.
   1. draft   the block [last token, MASK x (B-1)] in ONE drafter pass over the cached context;
-             the draft tokens are the argmax of the target's LM head at block positions 1..k.
+             the draft tokens are the argmax of the target's LM head at block positions 1..k
+             (when sampling: draws from that head's warped distribution q, `draft_sampling`).
              (Or, where the row's latest n-gram recurs in its history and that source promises
              more tokens per second, copy what followed it: `context_lookup`, no model pass.)
   2. verify  [last token, d_1 .. d_k] in ONE target pass; at each position i the target
@@ -12,9 +13,12 @@ One step, for every active row:
   3. accept  the longest prefix with d_{i+1} == y_i, then y_a itself (a = accepted drafts).
 Whatever k is, every committed token is the target's own choice, so k changes speed, never output.
 Greedy: y is the target's argmax, so the output equals the target's greedy decoding.
-Sampling: y_i ~ p(. | prefix, d_1..d_i) and d_{i+1} is kept only when it equals y_i, which is
-exact rejection sampling against a one-hot draft: every committed token is a draw from the
-target's own conditional, so the output distribution is the target's.
+Sampling, drafts from the drafter: d_{i+1} ~ q_{i+1} is kept with probability min(1, p_i/q_{i+1}),
+and the first rejection commits a draw from the residual max(0, p_i - q_{i+1}) instead
+(`draft_sampling.speculative_accept`). Copies from the context (and drafts a backend read out
+greedily by itself) are one-hot: y_i ~ p(. | prefix, d_1..d_i) and d_{i+1} is kept only when it
+equals y_i. Both are exact rejection sampling: every committed token is a draw from the target's
+own conditional, so the output distribution is the target's.
 """
 
 from __future__ import annotations
@@ -27,13 +31,14 @@ from torch.nn.utils.rnn import pad_sequence
 
 from .context_lookup import NgramIndex, free_drafting
 from .draft_length import DraftLengthPolicy, cost_table_for
+from .draft_sampling import DraftSampler, speculative_accept
 from .draft_vocab import read_out_for
 from .drafter_backend import DrafterBackend
 from .errors import GenerationError
 from .pairing import check_compatibility
 from .profiling import DecodeProfile, PhaseClock
 from .request_checks import check_request, split_prompts
-from .sampling import SamplingParams, choose_tokens, make_generator
+from .sampling import SamplingParams, choose_tokens, make_generator, warp_logits
 from .target import TargetModel
 from .target_cache import TargetCache
 
@@ -208,6 +213,8 @@ class _Decoder:
         self.masks = torch.full((1, self.block - 1), mask_id, dtype=torch.long, device=self.device)
         self.no_drafts = torch.zeros((batch, 0), dtype=torch.long, device=self.device)
         self.read_out = None if drafter is None else read_out_for(drafter, target)  # hidden -> draft tokens
+        if self.read_out is not None and not params.greedy:  # drafts drawn from the drafter's own q
+            self.read_out = DraftSampler(self.read_out, target.model.lm_head.weight.shape[0], params, generator)
         # features [B, n, F], positions [B, n] and per-row counts of the tokens that steps without a
         # drafter pass committed (plain steps, lookup steps), injected into the drafter's context only
         # before its next draft: one projection for many steps, none if the drafter never drafts again
@@ -244,22 +251,28 @@ class _Decoder:
             k = max(len(c) for c in copied)
         block_positions = torch.tensor(self.tcache.lengths, device=self.device)[:, None] + self.offsets  # [B, Q]
         positions = block_positions[:, : k + 1]  # [B, k+1]: the verified ones
+        draft_probs = None  # q [B, k, V] of sampled drafts; None: one-hot drafts
         if copied is not None:  # rows with a shorter copy are padded with their last token (rejected or not, exact)
             drafts = torch.tensor([c + [last] * (k - len(c)) for c, last in zip(copied, rows.last.tolist())],
                                   dtype=torch.long, device=self.device)
         elif k:
             self._inject_pending()
-            drafts = self._draft(k, block_positions)
+            drafts, draft_probs = self._draft(k, block_positions)
         else:
             drafts = self.no_drafts[: len(rows.ids)]  # [B, k]
         clock.charge("draft_s")
         verify_ids = torch.cat([rows.last[:, None], drafts], dim=1)
         out = self.target(verify_ids, positions, self.tcache.cache, self.tcache.attention_mask(self.target, positions))
-        chosen = choose_tokens(self.target.logits(out.hidden), self.params, self.generator)  # y_i, [B, k+1]
+        logits = self.target.logits(out.hidden)  # [B, k+1, V]
+        if draft_probs is None:
+            chosen = choose_tokens(logits, self.params, self.generator)  # y_i, [B, k+1]
+            # a = length of the longest prefix with d_{i+1} == y_i; then y_a is the target's own next token
+            accepted = (drafts == chosen[:, :-1]).cumprod(dim=1).sum(dim=1)  # [B]
+            bonus = chosen.gather(1, accepted[:, None])[:, 0]  # [B]
+        else:
+            target_probs = warp_logits(logits, self.params).softmax(dim=-1)
+            accepted, bonus = speculative_accept(drafts, draft_probs, target_probs, self.generator)
         clock.charge("verify_s")
-        # a = length of the longest prefix with d_{i+1} == y_i; then y_a is the target's own next token
-        accepted = (drafts == chosen[:, :-1]).cumprod(dim=1).sum(dim=1)  # [B]
-        bonus = chosen.gather(1, accepted[:, None])[:, 0]  # [B]
         host = torch.cat([accepted[:, None], bonus[:, None], drafts], dim=1).tolist()  # one device sync
         counts = [h[0] + 1 for h in host]  # block positions the target has now verified, per row
         self.tcache.commit(k + 1, counts)
@@ -348,10 +361,12 @@ class _Decoder:
             if copied[i]:  # padding past a row's copy is not the lookup's miss
                 self.lookup.observe(len(copied[i]), min(a, len(copied[i])))
 
-    def _draft(self, k: int, positions: torch.Tensor) -> torch.Tensor:
-        """The drafter's first k drafts [B, k]: the whole block [last, MASK x (B-1)] at `positions` [B, Q] at once."""
+    def _draft(self, k: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The drafter's first k drafts [B, k]: the whole block [last, MASK x (B-1)] at `positions` [B, Q] at once;
+        with the distribution q [B, k, V] they were drawn from when sampled (None: greedy drafts)."""
         block_ids = torch.cat([self.rows.last[:, None], self.masks.expand(len(self.rows.ids), -1)], dim=1)
-        return self.drafter.propose(self.dcache, self.target.embed(block_ids), positions, self.read_out, k)
+        drafts = self.drafter.propose(self.dcache, self.target.embed(block_ids), positions, self.read_out, k)
+        return drafts, self.read_out.take_probs() if isinstance(self.read_out, DraftSampler) else None
 
     def _emit(self, new_tokens: list[list[int]], verified: bool) -> list[list[int]]:
         """Record each active row's committed tokens; retire rows that stopped or hit the limit."""

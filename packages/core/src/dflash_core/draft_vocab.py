@@ -85,9 +85,16 @@ def load_draft_vocab(directory: str | os.PathLike, vocab_size: int | None = None
     return sorted(ids)
 
 
-def full_read_out(lm_head: Callable[[torch.Tensor], torch.Tensor]) -> ReadOut:
+class FullReadOut:
     """Drafts over the whole vocabulary: argmax of the target's LM head."""
-    return lambda hidden: greedy_tokens(lm_head(hidden))
+
+    ids = None  # logits column j is token j
+
+    def __init__(self, lm_head: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.logits = lm_head  # [..., H] -> [..., V]
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        return greedy_tokens(self.logits(hidden))
 
 
 def read_out_for(drafter, target) -> ReadOut:
@@ -95,7 +102,7 @@ def read_out_for(drafter, target) -> ReadOut:
     else the whole vocabulary. The subset's rows are copied once per head and kept on the drafter."""
     ids = getattr(drafter, "draft_vocab", None)
     if ids is None:
-        return full_read_out(target.logits)
+        return FullReadOut(target.logits)
     head = target.model.lm_head
     key = (head.weight.data_ptr(), head.weight._version, head.weight.dtype, tuple(ids))
     cached = getattr(drafter, "_subset_read_out", None)
@@ -116,10 +123,15 @@ class SubsetReadOut:
         if int(index.max()) >= head.weight.shape[0]:
             raise CheckpointError(f"draft vocabulary id {int(index.max())} is outside the target's LM head "
                                   f"({head.weight.shape[0]} rows): expected the drafter's own target.")
-        self.ids = index  # [N]
+        self.ids = index  # [N]: logits column j is token ids[j]
+        self.vocab_size = head.weight.shape[0]
         self.weight = head.weight.detach().index_select(0, index).contiguous()  # [N, H]
         self.bias = None if head.bias is None else head.bias.detach().index_select(0, index)
 
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> [..., N]: the listed rows of the LM head only."""
+        flat = F.linear(hidden.reshape(-1, hidden.shape[-1]), self.weight, self.bias)  # one 2D matmul
+        return flat.view(*hidden.shape[:-1], -1)
+
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden.reshape(-1, hidden.shape[-1]), self.weight, self.bias)  # [B*k, N]
-        return self.ids[greedy_tokens(logits)].view(hidden.shape[:-1])
+        return self.ids[greedy_tokens(self.logits(hidden))]
