@@ -132,3 +132,18 @@ def test_make_models_publishes_the_list_with_the_drafter(tmp_path):
     save_draft_vocab(run, [1, 2], 1.0, "hand")
     publish_drafter(run, tmp_path / "with")
     assert load_draft_vocab(tmp_path / "with") == [1, 2]
+
+
+def test_save_pretrained_keeps_the_list_and_drops_a_stale_one(tmp_path):
+    from dflash_core import load_drafter
+
+    model = tiny_target("qwen3", vocab=64, layers=2, hidden=32, seed=0)
+    drafter = tiny_drafter(drafter_config(model, layer_ids=(0,)))
+    drafter.draft_vocab = [3, 9, 40]
+    drafter.save_pretrained(tmp_path / "a")
+    assert load_drafter(tmp_path / "a").draft_vocab == [3, 9, 40]
+    load_drafter(tmp_path / "a").save_pretrained(tmp_path / "b")  # loaded and saved again: the list travels
+    assert load_drafter(tmp_path / "b").draft_vocab == [3, 9, 40]
+    drafter.draft_vocab = None
+    drafter.save_pretrained(tmp_path / "b")  # over a directory holding another drafter's list
+    assert not (tmp_path / "b" / DRAFT_VOCAB_FILE).exists() and load_drafter(tmp_path / "b").draft_vocab is None

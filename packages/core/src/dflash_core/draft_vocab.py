@@ -11,7 +11,8 @@ Losslessness is untouched: a draft is still one deterministic token per position
 verifies; a token outside the list is simply never proposed (the target writes it at that step).
 Drafters without the file (the published ones) read out over the whole vocabulary.
 
-File: {"token_ids": [...], "coverage": c, "source": "..."}; ids unique, in [0, vocab), sorted.
+File: {"token_ids": [...], "coverage": c, "source": "..."}; ids unique, in [0, vocab), sorted; coverage
+(the share of the training responses covered) is absent when unknown.
 """
 
 from __future__ import annotations
@@ -60,9 +61,13 @@ def choose_draft_vocab(counts: np.ndarray, coverage: float = DEFAULT_COVERAGE) -
     return ids, float(cumulative[size - 1]) / total
 
 
-def save_draft_vocab(directory: str | os.PathLike, ids: list[int], coverage: float, source: str) -> Path:
+def save_draft_vocab(directory: str | os.PathLike, ids: list[int], coverage: float | None, source: str) -> Path:
+    """Write `draft_vocab.json` atomically; `coverage` None (unknown, e.g. a loaded list saved again) is left out."""
     path = Path(directory) / DRAFT_VOCAB_FILE
-    write_json(path, {"token_ids": sorted(ids), "coverage": round(coverage, 6), "source": source})
+    data = {"token_ids": sorted(ids), "source": source}
+    if coverage is not None:
+        data["coverage"] = round(coverage, 6)
+    write_json(path, data)
     return path
 
 

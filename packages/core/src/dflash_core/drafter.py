@@ -16,7 +16,7 @@ from . import graph
 from .checkpoint import check_drafter_tensors, load_tensors, save_tensors
 from .config import DFlashConfig
 from .draft_cache import DraftKVCache
-from .draft_vocab import ReadOut, load_draft_vocab
+from .draft_vocab import DRAFT_VOCAB_FILE, ReadOut, load_draft_vocab, save_draft_vocab
 from .dtypes import config_name, resolve_dtype
 from .errors import CheckpointError, CompatibilityError
 from .masks import block_attention_mask, window_mask
@@ -212,7 +212,8 @@ class Drafter(nn.Module):
     # ---- checkpoint I/O ------------------------------------------------------------------------
     def save_pretrained(self, path: str | os.PathLike, *, max_shard_bytes: int | None = None,
                         dtype: torch.dtype | str | None = None) -> None:
-        """Write config.json + model.safetensors (or shards + index) in the published format."""
+        """Write config.json + model.safetensors (or shards + index) in the published format, and the
+        read-out list `draft_vocab.json` when the drafter has one (a stale list in `path` is removed)."""
         dtype = resolve_dtype(dtype) or self.dtype
         name = config_name(dtype)
         path = Path(path)
@@ -220,6 +221,10 @@ class Drafter(nn.Module):
         tensors = {k: v.to(dtype) for k, v in self.state_dict().items()}
         save_tensors(path, tensors, max_shard_bytes=max_shard_bytes)
         self.config.replace(dtype=name).save_pretrained(path)
+        if self.draft_vocab is not None:
+            save_draft_vocab(path, self.draft_vocab, coverage=None, source="saved with the drafter")
+        else:  # a list from another drafter would read this one out over the wrong tokens
+            (path / DRAFT_VOCAB_FILE).unlink(missing_ok=True)
 
 
 def load_drafter(path: str | os.PathLike, device: torch.device | str = "cpu",

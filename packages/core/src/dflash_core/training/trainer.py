@@ -20,7 +20,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from ..decoding import generate
-from ..draft_vocab import DEFAULT_COVERAGE, DRAFT_VOCAB_FILE, choose_draft_vocab, count_tokens, save_draft_vocab
+from ..draft_vocab import DEFAULT_COVERAGE, choose_draft_vocab, count_tokens, save_draft_vocab
 from ..drafter import Drafter
 from ..checkpoint import check_weight_values
 from ..errors import CheckpointError, ConfigError, DataError
@@ -230,12 +230,10 @@ class Trainer:
                     "data": data_fingerprint(self.data), "history": self.history, "tau_history": self.tau_history,
                     "world_size": self.place.world}
             save_training_state(self.state_dir, dict(self.drafter.state_dict()), self.optimizer, meta)
-            self.drafter.save_pretrained(self.options.out, dtype=self.options.save_dtype)
-            if self.draft_vocab is not None:
+            self.drafter.save_pretrained(self.options.out, dtype=self.options.save_dtype)  # with the list, if any
+            if self.draft_vocab is not None:  # the same ids, with their coverage and source
                 save_draft_vocab(self.options.out, *self.draft_vocab,
                                  source=f"the most frequent response tokens of the training data {self.data.path}")
-            else:
-                (self.options.out / DRAFT_VOCAB_FILE).unlink(missing_ok=True)  # a list from an earlier run would lie
         if self.place.world > 1:
             dist.barrier()
 
