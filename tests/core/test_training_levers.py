@@ -1,4 +1,4 @@
-"""The recipe levers of `dflash train`: soft labels, feature layers, init from the target.
+"""The recipe levers of `dflash train`: soft labels, feature layers, init from the target or a drafter.
 
 Each lever: its math pinned on a hand-sized case, its setting kept in the training state (a resume
 with another value is refused), its output a published-format drafter that loads back exactly and
@@ -195,6 +195,38 @@ def test_lever_round_trips_and_decodes_losslessly(setup, tmp_path, capsys, lever
         for draft_layer, index in zip(drafter.layers, (4, 5)):
             source = model.model.layers[index].mlp.down_proj.weight
             assert (draft_layer.mlp.down_proj.weight - source).abs().max() < 0.02 < source.abs().max()
+
+
+def test_init_from_continues_a_trained_drafter_and_refuses_another_shape(setup, tmp_path, capsys):
+    target, data = setup
+    first, second, fresh = tmp_path / "first", tmp_path / "second", tmp_path / "fresh"
+    assert _train(target, data, first) == 0
+    files = {f.name: f.read_bytes() for f in first.rglob("*") if f.is_file()}
+    tiny_steps = ["--lr", "1e-9"]  # two steps that barely move the weights: where they start shows
+    assert _train(target, data, second, "--init-from", str(first), *tiny_steps) == 0
+    assert _train(target, data, fresh, *tiny_steps, "--seed", "1") == 0
+    start, continued, new = (load_drafter(d).state_dict() for d in (first, second, fresh))
+    assert all((continued[k] - v).abs().max() < 1e-6 for k, v in start.items())
+    assert any((new[k] - v).abs().max() > 1e-2 for k, v in start.items())
+    assert {f.name: f.read_bytes() for f in first.rglob("*") if f.is_file()} == files  # the input is untouched
+    _, meta = load_training_state(second / "train_state")
+    assert meta["train"]["init_from"] == str(first)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target)
+    ids_in = torch.tensor([[5, 9, 11, 3, 7]])
+    want = model.generate(ids_in, attention_mask=torch.ones_like(ids_in), max_new_tokens=16, do_sample=False,
+                          pad_token_id=0)[0, 5:].tolist()
+    assert generate(model, load_drafter(second), ids_in, max_new_tokens=16).tokens[0] == want
+    # another shape is refused, naming what differs; nothing is written
+    capsys.readouterr()
+    assert _train(target, data, tmp_path / "bad", "--init-from", str(first), "--layers", "2") == 2
+    err = capsys.readouterr().err
+    assert "num_hidden_layers (1 there, 2 here)" in err and len(err.strip().splitlines()) == 1, err
+    assert _train(target, data, tmp_path / "bad", "--init-from", str(first), "--init-from-target") == 2
+    assert "one starting point or the other" in capsys.readouterr().err
+    assert _train(target, data, tmp_path / "bad", "--init-from", str(tmp_path / "none")) == 2
+    assert not (tmp_path / "bad").exists()
 
 
 @pytest.mark.parametrize("extra,pattern", [

@@ -63,6 +63,8 @@ class TrainConfig:
     """How many target layers feed the drafter (evenly spaced); None = as many as draft layers."""
     init_from_target: bool = False
     """Initialise draft layer i from target layer L-D+i (the last D target layers) instead of randomly."""
+    init_from: str | None = None
+    """Start from this published-format drafter's weights (its config must be the one this run builds)."""
     mask_token: str = MASK_TOKEN
     """The drafter's mask token: <|MASK|> (added when absent), or an existing token of the vocabulary."""
 
@@ -95,6 +97,8 @@ class TrainConfig:
             (isinstance(self.mask_token, str) and bool(self.mask_token), "mask_token", "a non-empty token"),
             (self.feature_layers is None or self.target_layer_ids is None, "feature_layers",
              "unset when target_layer_ids are given (one or the other)"),
+            (self.init_from is None or not self.init_from_target, "init_from",
+             "unset with init_from_target (one starting point or the other)"),
         ]
         for ok, name, expected in checks:
             if not ok:
