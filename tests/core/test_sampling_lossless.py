@@ -184,13 +184,17 @@ def _one_position(p, q, claimed_q=None, rows=20000, seed=0):
     return Counter(first.tolist()), accepted.float().mean().item()
 
 
-def test_speculative_accept_commits_the_target_distribution_and_accepts_sum_min():
+@pytest.mark.parametrize("q", [
+    [0.1, 0.3, 0.2, 0.2, 0.2],  # puts mass where p has none; a greedy draft of its argmax (1) is kept w.p. 0.2
+    [0.0, 0.5, 0.5, 0.0, 0.0],  # none where p has most (a q cut to a read-out list): the residual writes it
+])
+def test_speculative_accept_commits_the_target_distribution_and_accepts_sum_min(q):
     p = torch.tensor([0.5, 0.2, 0.2, 0.1, 0.0])
-    q = torch.tensor([0.1, 0.3, 0.2, 0.2, 0.2])  # puts mass where p has none
+    q = torch.tensor(q)
     counts, rate = _one_position(p, q)
     assert chi_square_p(counts, {t: p[t].item() for t in range(5)}, 20000) > ALPHA
     assert counts[4] == 0  # a token the target never writes is never committed
-    expected_rate = torch.minimum(p, q).sum().item()  # 0.6; a greedy draft of q's argmax (token 1): 0.2
+    expected_rate = torch.minimum(p, q).sum().item()
     assert abs(rate - expected_rate) < 4 * (expected_rate * (1 - expected_rate) / 20000) ** 0.5
 
 
@@ -231,13 +235,28 @@ def test_draft_sampler_draws_from_the_list_and_keeps_q_over_the_vocabulary():
     assert sampler.take() is None  # once
 
 
-def test_sampled_drafts_from_a_draft_vocabulary_keep_the_target_distribution(pair):
-    """q is zero outside the drafter's list: the residual writes those tokens, the samples still follow p."""
+def test_sampling_drafts_over_the_whole_vocabulary_despite_a_read_out_list(pair):
+    """At T > 0 a drafter's read-out list (greedy tokens) does not cut q: drafts outside it are proposed,
+    and the samples follow the target."""
     model, drafter = pair
+    proposed = []
+    original = drafter.propose
+    drafter.propose = lambda *args: proposed.append(original(*args)) or proposed[-1]
     drafter.draft_vocab = [0, 2]
     try:
         counts, result = speculative_samples(model, drafter, 1.0, 0, 1.0, seed=11)
     finally:
         drafter.draft_vocab = None
+        del drafter.propose
     assert result.tau > 1.05, "drafts must really be accepted for this test to mean anything"
     assert chi_square_p(counts, exact_joint(model, 1.0, 0, 1.0), SAMPLES) > ALPHA
+    assert set(torch.cat([p.flatten() for p in proposed]).tolist()) - {0, 2}, "q must reach beyond the list"
+    drafter.draft_vocab = [0, 2]  # greedy requests still read out over the list
+    try:
+        proposed.clear()
+        drafter.propose = lambda *args: proposed.append(original(*args)) or proposed[-1]
+        generate(model, drafter, torch.tensor([PROMPT]), max_new_tokens=8, draft_length=3)
+    finally:
+        drafter.draft_vocab = None
+        del drafter.propose
+    assert proposed and set(torch.cat([p.flatten() for p in proposed]).tolist()) <= {0, 2}

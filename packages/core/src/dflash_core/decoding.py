@@ -32,7 +32,7 @@ from torch.nn.utils.rnn import pad_sequence
 from .context_lookup import NgramIndex, free_drafting
 from .draft_length import DraftLengthPolicy, cost_table_for
 from .draft_sampling import DraftSampler, SampledDrafts, speculative_accept
-from .draft_vocab import read_out_for
+from .draft_vocab import FullReadOut, read_out_for
 from .drafter_backend import DrafterBackend
 from .errors import GenerationError
 from .pairing import check_compatibility
@@ -213,8 +213,12 @@ class _Decoder:
         self.masks = torch.full((1, self.block - 1), mask_id, dtype=torch.long, device=self.device)
         self.no_drafts = torch.zeros((batch, 0), dtype=torch.long, device=self.device)
         self.read_out = None if drafter is None else read_out_for(drafter, target)  # hidden -> draft tokens
-        if self.read_out is not None and not params.greedy:  # drafts drawn from the drafter's own q
-            self.read_out = DraftSampler(self.read_out, target.model.lm_head.weight.shape[0], params, generator)
+        if self.read_out is not None and not params.greedy:
+            # drafts drawn from the drafter's own q over the whole vocabulary: the read-out list holds the
+            # tokens the target writes greedily, and a q cut to it never proposes the rarer tokens a sample
+            # takes (held-out tau at T=1, demo pair: 1.36 over all 8,192 ids, 1.31 over the 1,920 listed)
+            self.read_out = DraftSampler(FullReadOut(target.logits), target.model.lm_head.weight.shape[0], params,
+                                         generator)
         # features [B, n, F], positions [B, n] and per-row counts of the tokens that steps without a
         # drafter pass committed (plain steps, lookup steps), injected into the drafter's context only
         # before its next draft: one projection for many steps, none if the drafter never drafts again
