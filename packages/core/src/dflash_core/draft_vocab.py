@@ -9,7 +9,9 @@ drafts are read out over those rows only (as EAGLE-3's draft vocabulary and FR-S
 
 Losslessness is untouched: a draft is still one deterministic token per position that the target
 verifies; a token outside the list is simply never proposed (the target writes it at that step).
-Drafters without the file (the published ones) read out over the whole vocabulary.
+Drafters without the file (the published ones) read out over the whole vocabulary, and so does every
+sampling request (temperature > 0, `draft_sampling`): the list holds what the target writes greedily,
+and drafts sampled from a q cut to it would never propose the rarer tokens a sample takes.
 
 File: {"token_ids": [...], "coverage": c, "source": "..."}; ids unique, in [0, vocab), sorted; coverage
 (the share of the training responses covered) is absent when unknown.
