@@ -31,8 +31,8 @@ from torch.nn.utils.rnn import pad_sequence
 
 from .context_lookup import NgramIndex, free_drafting
 from .draft_length import DraftLengthPolicy, cost_table_for
-from .draft_sampling import DraftSampler, SampledDrafts, speculative_accept
-from .draft_vocab import FullReadOut, read_out_for
+from .draft_sampling import DraftSampler, speculative_accept
+from .draft_vocab import read_out_for
 from .drafter_backend import DrafterBackend
 from .errors import GenerationError
 from .pairing import check_compatibility
@@ -212,13 +212,11 @@ class _Decoder:
         mask_id = drafter.config.mask_token_id if drafter is not None else 0
         self.masks = torch.full((1, self.block - 1), mask_id, dtype=torch.long, device=self.device)
         self.no_drafts = torch.zeros((batch, 0), dtype=torch.long, device=self.device)
-        self.read_out = None if drafter is None else read_out_for(drafter, target)  # hidden -> draft tokens
-        if self.read_out is not None and not params.greedy:
-            # drafts drawn from the drafter's own q over the whole vocabulary: the read-out list holds the
-            # tokens the target writes greedily, and a q cut to it never proposes the rarer tokens a sample
-            # takes (held-out tau at T=1, demo pair: 1.36 over all 8,192 ids, 1.31 over the 1,920 listed)
-            self.read_out = DraftSampler(FullReadOut(target.logits), target.model.lm_head.weight.shape[0], params,
-                                         generator)
+        # hidden -> draft tokens: the argmax over the drafter's read-out list (if any) when greedy; when
+        # sampling, draws from q over the whole vocabulary (held-out tau at T=1, demo pair: 1.36 over all
+        # 8,192 ids, 1.31 over the 1,920 listed)
+        self.read_out = None if drafter is None else (
+            read_out_for(drafter, target) if params.greedy else DraftSampler(target.logits, params, generator))
         # features [B, n, F], positions [B, n] and per-row counts of the tokens that steps without a
         # drafter pass committed (plain steps, lookup steps), injected into the drafter's context only
         # before its next draft: one projection for many steps, none if the drafter never drafts again
@@ -255,27 +253,27 @@ class _Decoder:
             k = max(len(c) for c in copied)
         block_positions = torch.tensor(self.tcache.lengths, device=self.device)[:, None] + self.offsets  # [B, Q]
         positions = block_positions[:, : k + 1]  # [B, k+1]: the verified ones
-        sampled = None  # q of sampled drafts (`draft_sampling`); None: one-hot drafts
+        draft_probs = None  # q [B, k, V] of sampled drafts (`draft_sampling`); None: one-hot drafts
         if copied is not None:  # rows with a shorter copy are padded with their last token (rejected or not, exact)
             drafts = torch.tensor([c + [last] * (k - len(c)) for c, last in zip(copied, rows.last.tolist())],
                                   dtype=torch.long, device=self.device)
         elif k:
             self._inject_pending()
-            drafts, sampled = self._draft(k, block_positions)
+            drafts, draft_probs = self._draft(k, block_positions)
         else:
             drafts = self.no_drafts[: len(rows.ids)]  # [B, k]
         clock.charge("draft_s")
         verify_ids = torch.cat([rows.last[:, None], drafts], dim=1)
         out = self.target(verify_ids, positions, self.tcache.cache, self.tcache.attention_mask(self.target, positions))
         logits = self.target.logits(out.hidden)  # [B, k+1, V]
-        if sampled is None:
+        if draft_probs is None:
             chosen = choose_tokens(logits, self.params, self.generator)  # y_i, [B, k+1]
             # a = length of the longest prefix with d_{i+1} == y_i; then y_a is the target's own next token
             accepted = (drafts == chosen[:, :-1]).cumprod(dim=1).sum(dim=1)  # [B]
             bonus = chosen.gather(1, accepted[:, None])[:, 0]  # [B]
         else:
             target_probs = warp_logits(logits, self.params).softmax(dim=-1)
-            accepted, bonus = speculative_accept(drafts, sampled, target_probs, self.generator)
+            accepted, bonus = speculative_accept(drafts, draft_probs, target_probs, self.generator)
         clock.charge("verify_s")
         host = torch.cat([accepted[:, None], bonus[:, None], drafts], dim=1).tolist()  # one device sync
         counts = [h[0] + 1 for h in host]  # block positions the target has now verified, per row
@@ -365,9 +363,9 @@ class _Decoder:
             if copied[i]:  # padding past a row's copy is not the lookup's miss
                 self.lookup.observe(len(copied[i]), min(a, len(copied[i])))
 
-    def _draft(self, k: int, positions: torch.Tensor) -> tuple[torch.Tensor, SampledDrafts | None]:
+    def _draft(self, k: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The drafter's first k drafts [B, k]: the whole block [last, MASK x (B-1)] at `positions` [B, Q] at once;
-        with the distribution q they were drawn from when sampled (None: greedy drafts)."""
+        with the distribution q [B, k, V] they were drawn from when sampled (None: greedy drafts)."""
         block_ids = torch.cat([self.rows.last[:, None], self.masks.expand(len(self.rows.ids), -1)], dim=1)
         drafts = self.drafter.propose(self.dcache, self.target.embed(block_ids), positions, self.read_out, k)
         return drafts, self.read_out.take() if isinstance(self.read_out, DraftSampler) else None

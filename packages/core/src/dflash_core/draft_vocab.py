@@ -92,16 +92,9 @@ def load_draft_vocab(directory: str | os.PathLike, vocab_size: int | None = None
     return sorted(ids)
 
 
-class FullReadOut:
+def full_read_out(lm_head: Callable[[torch.Tensor], torch.Tensor]) -> ReadOut:
     """Drafts over the whole vocabulary: argmax of the target's LM head."""
-
-    ids = None  # logits column j is token j
-
-    def __init__(self, lm_head: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        self.logits = lm_head  # [..., H] -> [..., V]
-
-    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        return greedy_tokens(self.logits(hidden))
+    return lambda hidden: greedy_tokens(lm_head(hidden))
 
 
 def read_out_for(drafter, target) -> ReadOut:
@@ -109,7 +102,7 @@ def read_out_for(drafter, target) -> ReadOut:
     else the whole vocabulary. The subset's rows are copied once per head and kept on the drafter."""
     ids = getattr(drafter, "draft_vocab", None)
     if ids is None:
-        return FullReadOut(target.logits)
+        return full_read_out(target.logits)
     head = target.model.lm_head
     key = (head.weight.data_ptr(), head.weight._version, head.weight.dtype, tuple(ids))
     cached = getattr(drafter, "_subset_read_out", None)
@@ -131,7 +124,6 @@ class SubsetReadOut:
             raise CheckpointError(f"draft vocabulary id {int(index.max())} is outside the target's LM head "
                                   f"({head.weight.shape[0]} rows): expected the drafter's own target.")
         self.ids = index  # [N]: logits column j is token ids[j]
-        self.vocab_size = head.weight.shape[0]
         self.weight = head.weight.detach().index_select(0, index).contiguous()  # [N, H]
         self.bias = None if head.bias is None else head.bias.detach().index_select(0, index)
 
