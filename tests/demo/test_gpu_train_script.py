@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_gpu_train_script_writes_a_drafter_and_heldout_tau(tmp_path):
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "DEVICE": "cpu", "TRAIN_PROMPTS": "4",
-           "RESPONSE_TOKENS": "24", "EPOCHS": "1", "EVAL_PROMPTS": "2", "EVAL_TOKENS": "8",
+           "RESPONSE_TOKENS": "24", "EPOCHS": "1", "CONTINUE_STEPS": "2", "EVAL_PROMPTS": "2", "EVAL_TOKENS": "8",
            "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
     out = tmp_path / "out"
     done = subprocess.run(["bash", str(ROOT / "tools/demo/gpu/train_drafter.sh"), str(out)], env=env,
@@ -26,11 +26,25 @@ def test_gpu_train_script_writes_a_drafter_and_heldout_tau(tmp_path):
         for temperature in ("T=0", "T=1"):
             assert 1.0 <= summary["tau"][dtype][temperature] <= 16.0
     assert summary["heldout_prompts"] == 2 and summary["recipe"]["train_prompts"] == 4
-    assert set(summary["seconds"]) == {"prompts_s", "data_s", "train_s", "tau_s", "total_s"}
+    assert set(summary["seconds"]) == {"prompts_s", "data_s", "train_s", "continue_s", "tau_s", "total_s"}
     log = (out / "log.txt").read_text()
-    assert all(f"{stage}: " in log for stage in ("prompts_s", "data_s", "train_s", "tau_s"))
-    pair = load_pair(ROOT / "models/demo/target", out / "work/drafter_run", dtype="fp32")  # the published format
+    assert all(f"{stage}: " in log for stage in ("prompts_s", "data_s", "train_s", "continue_s", "tau_s"))
+    # the continuations ran in order, each from the one before, on greedy then greedy + sampled data
+    work = out / "work"
+    stages = summary["recipe"]["continuations"]
+    assert [stage["data"] for stage in stages] == ["greedy", "both"]
+    previous = work / "drafter_run"
+    for stage in stages:
+        config = json.loads((work / stage["name"] / "train_state" / "state.json").read_text())["meta"]["train"]
+        assert config["init_from"] == str(previous) and config["max_steps"] == 2 and config["distill"] == stage["distill"]
+        previous = work / stage["name"]
+    both = json.loads((work / "data_both" / "index.json").read_text())["settings"]
+    assert both["responses"] == "both" and both["temperature"] == 1.0
+    pair = load_pair(ROOT / "models/demo/target", work / "drafter", dtype="fp32")  # the published format
     assert pair.drafter.config.block_size == 16
+    published = work / "drafter" / "model.safetensors"
+    assert published.read_bytes() == (previous / "model.safetensors").read_bytes()
+    assert (work / "drafter" / "draft_vocab.json").read_bytes() == (work / "drafter_run" / "draft_vocab.json").read_bytes()
 
 
 def test_smollm2_gpu_script_runs_the_chat_recipe_from_the_source_tree(tmp_path):

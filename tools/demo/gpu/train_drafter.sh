@@ -6,9 +6,10 @@
 # Assumes only torch (CUDA), transformers and safetensors (with their own dependencies: numpy,
 # tokenizers, tqdm, pyyaml); nothing is installed: the packages run from the source tree. Resumes a run
 # already in OUT_DIR. Writes OUT_DIR/log.txt (everything printed), OUT_DIR/tau.json (held-out tau,
-# fp32 and bf16, T=0 and T=1, and the time of every stage) and the drafter in OUT_DIR/work/drafter_run.
-# DEVICE, TRAIN_PROMPTS, RESPONSE_TOKENS, EPOCHS, EVAL_PROMPTS, EVAL_TOKENS override the recipe's
-# numbers (the test runs it on the CPU, tiny).
+# fp32 and bf16, T=0 and T=1, and the time of every stage) and the drafter in OUT_DIR/work/drafter (the
+# base run in OUT_DIR/work/drafter_run, its continuations beside it). DEVICE, TRAIN_PROMPTS,
+# RESPONSE_TOKENS, EPOCHS, CONTINUE_STEPS, EVAL_PROMPTS, EVAL_TOKENS override the recipe's numbers (the
+# test runs it on the CPU, tiny).
 set -euo pipefail
 OUT="${1:?usage: tools/demo/gpu/train_drafter.sh OUT_DIR}"
 PYTHON="${PYTHON:-python}"
@@ -19,6 +20,7 @@ args=(--device "${DEVICE:-cuda}" --models "$ROOT/models/demo")
 [[ -n "${TRAIN_PROMPTS:-}" ]] && args+=(--train-prompts "$TRAIN_PROMPTS")
 [[ -n "${RESPONSE_TOKENS:-}" ]] && args+=(--response-tokens "$RESPONSE_TOKENS")
 [[ -n "${EPOCHS:-}" ]] && args+=(--epochs "$EPOCHS")
+[[ -n "${CONTINUE_STEPS:-}" ]] && args+=(--continue-steps "$CONTINUE_STEPS")
 [[ -n "${EVAL_PROMPTS:-}" ]] && args+=(--eval-prompts "$EVAL_PROMPTS")
 [[ -n "${EVAL_TOKENS:-}" ]] && args+=(--eval-tokens "$EVAL_TOKENS")
 mkdir -p "$OUT"

@@ -1,7 +1,8 @@
 """`make models`: rebuild the demo target, tokenizer, held-out prompts and drafter from scratch.
 
 Stages (each resumable, each skipped when its output exists):
-  tokenizer -> token streams -> target LM -> assistant LM -> held-out prompts -> target-aligned data -> drafter.
+  tokenizer -> token streams -> target LM -> assistant LM -> held-out prompts -> target-aligned data -> drafter
+  -> continuations of the drafter (`DemoRecipe.continuations`) -> published drafter.
 The assistant is the small draft model of the `assisted` peer method (Hugging Face assisted generation).
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,21 @@ from .corpus import CorpusSplit, split_corpus
 from .target_lm import TargetRecipe, encode_documents, train_target_lm
 from .prompts import code_prompts
 from .tokenizer import train_tokenizer
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """A training stage that starts from the previous stage's drafter (`TrainConfig.init_from`).
+
+    `data` is "greedy" (the base stage's data: the target's greedy responses to every training prompt) or
+    "both" (a greedy and a sampled response to each of the first `DemoRecipe.sampled_prompts` prompts).
+    """
+
+    name: str
+    data: str
+    steps: int
+    learning_rate: float
+    distill: str
 
 
 @dataclass(frozen=True)
@@ -43,6 +59,14 @@ class DemoRecipe:
     distill: str = "hard"
     eval_every: int = 500
     eval_prompts: int = 8
+    # Two continuations of the base drafter (docs/training.md, "Temperature 1"): more steps on the greedy data
+    # (held-out tau at T=0 2.19 -> 2.34: the base run is under-trained), then greedy + sampled responses with
+    # soft labels mixed in (T=1 1.31 -> 1.51; T=0 holds at 2.36). Sampled data on its own cost T=0 (2.24).
+    continuations: tuple[Continuation, ...] = (
+        Continuation("greedy_run", data="greedy", steps=650, learning_rate=3e-4, distill="hard"),
+        Continuation("sampled_run", data="both", steps=650, learning_rate=3e-4, distill="mix"))
+    sampled_prompts: int = 1500
+    sampled_temperature: float = 1.0
 
     def train_config(self, layers: int | None = None, block_size: int | None = None, *, bf16: bool = True):
         from dflash_core.training.recipe import TrainConfig
@@ -116,28 +140,42 @@ def build_prompts(work: Path, out: Path, recipe: DemoRecipe) -> tuple[Path, Path
 
 
 def build_data(work: Path, out: Path, train_prompts: Path, recipe: DemoRecipe, *, device: str = "cpu",
-               batch_size: int = 64) -> Path:
+               batch_size: int = 64, kind: str = "greedy") -> Path:
+    """The target's responses to the training prompts: kind "greedy" (work/data, the base stage's) or "both"
+    (work/data_both: a greedy and a sampled response to each of the first `recipe.sampled_prompts`)."""
     from dflash_core.loading import load_tokenizer
     from dflash_core.training.data import DataSettings, generate_responses, prompts_fingerprint, read_prompts, target_fingerprint
 
-    data = work / "data"
-    target, _ = load_demo_target(out, recipe, device)
     prompts = read_prompts(train_prompts)
+    if kind == "greedy":
+        data, responses, temperature = work / "data", recipe.responses, 1.0
+    elif kind == "both":
+        data, responses, temperature = work / "data_both", "both", recipe.sampled_temperature
+        prompts = prompts[: recipe.sampled_prompts]
+    else:
+        raise ValueError(f"data kind is {kind!r}, expected greedy or both")
+    target, _ = load_demo_target(out, recipe, device)
     settings = DataSettings(target=target_fingerprint(out / "target"), prompts=prompts_fingerprint(prompts),
-                            responses=recipe.responses, max_new_tokens=recipe.response_tokens, seed=0)
+                            responses=responses, max_new_tokens=recipe.response_tokens, temperature=temperature, seed=0)
     generate_responses(target.model, load_tokenizer(out / "target"), prompts, data, settings, batch_size=batch_size)
     return data
 
 
 def build_drafter(work: Path, out: Path, data: Path, heldout: Path, recipe: DemoRecipe, layers: int | None = None,
                   block_size: int | None = None, run_name: str = "drafter_run", *, device: str = "cpu",
-                  eval_max_new_tokens: int = 128) -> Path:
+                  eval_max_new_tokens: int = 128, continuation: Continuation | None = None,
+                  init_from: Path | None = None) -> Path:
+    """Train (or resume, or find finished) the drafter in work/run_name; a `continuation` starts from the
+    drafter in `init_from` with its own steps, learning rate and labels."""
     from dflash_core.loading import load_tokenizer
     from dflash_core.training.data import read_prompts
     from dflash_core.training.trainer import Distributed, RunOptions, Trainer, load_data
 
     target, bf16 = load_demo_target(out, recipe, device)
     train = recipe.train_config(layers, block_size, bf16=bf16)
+    if continuation is not None:
+        train = replace(train, max_steps=continuation.steps, learning_rate=continuation.learning_rate,
+                        distill=continuation.distill, init_from=str(init_from))
     run = work / run_name
     options = RunOptions(out=run, checkpoint_every=50, eval_every=recipe.eval_every,
                          eval_prompts=read_prompts(heldout)[: recipe.eval_prompts],
@@ -152,6 +190,18 @@ def build_drafter(work: Path, out: Path, data: Path, heldout: Path, recipe: Demo
         "target_share": round(timings["target_s"] / max(1e-9, timings["step_s"]), 3)}
     print(json.dumps({"drafter": str(run), "steps": report["steps"], "tau": report["tau"],
                       "feature_recompute": recompute}))
+    return run
+
+
+def build_continuations(work: Path, out: Path, base_run: Path, train_prompts: Path, heldout: Path,
+                        recipe: DemoRecipe, *, device: str = "cpu", data_batch: int = 64,
+                        eval_max_new_tokens: int = 128) -> Path:
+    """Run `recipe.continuations` in order, each from the previous stage's drafter; returns the last run."""
+    run = base_run
+    for stage in recipe.continuations:
+        data = build_data(work, out, train_prompts, recipe, device=device, batch_size=data_batch, kind=stage.data)
+        run = build_drafter(work, out, data, heldout, recipe, run_name=stage.name, device=device,
+                            eval_max_new_tokens=eval_max_new_tokens, continuation=stage, init_from=run)
     return run
 
 
@@ -184,16 +234,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.stage == "data":
         return 0
     if not (args.out / "drafter" / "config.json").is_file():
-        run = build_drafter(args.work, args.out, data, heldout, demo)
-        publish_drafter(run, args.out / "drafter")
+        base = build_drafter(args.work, args.out, data, heldout, demo)
+        run = build_continuations(args.work, args.out, base, train_prompts, heldout, demo)
+        publish_drafter(run, args.out / "drafter", read_out_list_from=base)
     print(json.dumps({"target": str(args.out / "target"), "assistant": str(args.out / "assistant"),
                       "drafter": str(args.out / "drafter"), "heldout": str(heldout)}))
     return 0
 
 
-def publish_drafter(run: Path, dest: Path) -> None:
+def publish_drafter(run: Path, dest: Path, read_out_list_from: Path | None = None) -> None:
     """Copy the trained drafter (published format and its read-out list, no training state) into
-    models/demo/drafter."""
+    models/demo/drafter.
+
+    `read_out_list_from`: the run whose `draft_vocab.json` to publish (default: `run`'s own). The demo takes
+    the base run's, made from greedy responses: greedy requests read out over it, and the ids the target
+    writes greedily are a tighter list (1,920 ids) than what its sampled responses use (7,296 for the same
+    coverage); sampling requests read out over the whole vocabulary anyway.
+    """
     import shutil
 
     from dflash_core.draft_vocab import DRAFT_VOCAB_FILE
@@ -202,8 +259,9 @@ def publish_drafter(run: Path, dest: Path) -> None:
     with atomic_directory(dest, overwrite=True) as tmp:
         for name in ("config.json", "model.safetensors"):
             shutil.copy2(run / name, tmp / name)
-        if (run / DRAFT_VOCAB_FILE).is_file():  # a run trained with --no-draft-vocab has none
-            shutil.copy2(run / DRAFT_VOCAB_FILE, tmp / DRAFT_VOCAB_FILE)
+        read_out_list = (read_out_list_from or run) / DRAFT_VOCAB_FILE
+        if read_out_list.is_file():  # a run trained with --no-draft-vocab has none
+            shutil.copy2(read_out_list, tmp / DRAFT_VOCAB_FILE)
 
 
 if __name__ == "__main__":

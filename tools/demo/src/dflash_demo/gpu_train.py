@@ -1,11 +1,13 @@
-"""The demo drafter's recipe on one CUDA GPU: prompts -> target-regenerated data -> drafter -> held-out tau.
+"""The demo drafter's recipe on one CUDA GPU: prompts -> target-regenerated data -> drafter -> its
+continuations -> held-out tau.
 
     tools/demo/gpu/train_drafter.sh OUT_DIR        (budget: 8 minutes on one GPU)
 
 The same `DemoRecipe` and stages as `make models` (`dflash_demo.build`), with the device chosen and the
 data-generation batch sized for a GPU; the drafter is written in the published format. OUT gets:
   work/            training prompts (standard-library train split) and the regenerated data
-  work/drafter_run the drafter (config.json + model.safetensors) and its resumable train_state/
+  work/drafter_run the base drafter (config.json + model.safetensors) and its resumable train_state/
+  work/drafter     the published drafter: the last continuation's weights, the base run's read-out list
   tau.json         held-out tau at block B (whole block verified every step), greedy and T=1, fp32 and bf16,
                    with the time of every stage
 The held-out prompts are `models/demo/heldout.jsonl` (files of the held-out split, never trained on).
@@ -16,14 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 from dflash_core.fileio import write_json
 from dflash_core.training.data import read_prompts
 
-from .build import DemoRecipe, build_data, build_drafter, write_jsonl
+from .build import DemoRecipe, build_continuations, build_data, build_drafter, publish_drafter, write_jsonl
 from .corpus import split_corpus
 from .heldout import heldout_tau
 from .paths import default_models_dir
@@ -39,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-prompts", type=int, default=recipe.train_prompts)
     parser.add_argument("--response-tokens", type=int, default=recipe.response_tokens)
     parser.add_argument("--epochs", type=float, default=recipe.epochs)
+    parser.add_argument("--continue-steps", type=int, default=None,
+                        help="optimizer steps of each continuation (default: the recipe's)")
     parser.add_argument("--data-batch", type=int, default=256, help="prompts per target generate() batch")
     parser.add_argument("--eval-prompts", type=int, default=24, help="held-out prompts for the final tau")
     parser.add_argument("--eval-tokens", type=int, default=128, help="new tokens per held-out prompt")
@@ -46,8 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: no CUDA device is visible (torch {torch.__version__})")
     models = args.models or default_models_dir()
+    continuations = recipe.continuations if args.continue_steps is None else tuple(
+        replace(stage, steps=args.continue_steps) for stage in recipe.continuations)
     recipe = replace(recipe, train_prompts=args.train_prompts, response_tokens=args.response_tokens,
-                     epochs=args.epochs, eval_prompts=min(recipe.eval_prompts, args.eval_prompts))
+                     epochs=args.epochs, eval_prompts=min(recipe.eval_prompts, args.eval_prompts),
+                     sampled_prompts=min(recipe.sampled_prompts, args.train_prompts), continuations=continuations)
     work, times, started = args.out / "work", {}, time.perf_counter()
     work.mkdir(parents=True, exist_ok=True)
 
@@ -65,15 +72,21 @@ def main(argv: list[str] | None = None) -> int:
     data = build_data(work, models, train_prompts, recipe, device=args.device, batch_size=args.data_batch)
     stage("data_s", begun)
     begun = time.perf_counter()
-    run = build_drafter(work, models, data, models / "heldout.jsonl", recipe, device=args.device,
-                        eval_max_new_tokens=args.eval_tokens)
+    base = build_drafter(work, models, data, models / "heldout.jsonl", recipe, device=args.device,
+                         eval_max_new_tokens=args.eval_tokens)
     stage("train_s", begun)
+    begun = time.perf_counter()
+    last = build_continuations(work, models, base, train_prompts, models / "heldout.jsonl", recipe,
+                               device=args.device, data_batch=args.data_batch, eval_max_new_tokens=args.eval_tokens)
+    run = work / "drafter"
+    publish_drafter(last, run, read_out_list_from=base)
+    stage("continue_s", begun)
     begun = time.perf_counter()
     heldout = read_prompts(models / "heldout.jsonl")[: args.eval_prompts]
     taus = heldout_tau(models / "target", run, heldout, max_new_tokens=args.eval_tokens, device=args.device)
     stage("tau_s", begun)
     device_name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu"
-    summary = {"device": device_name, "torch": torch.__version__, "drafter": str(run), "recipe": recipe.__dict__,
+    summary = {"device": device_name, "torch": torch.__version__, "drafter": str(run), "recipe": asdict(recipe),
                "heldout_prompts": len(heldout), "max_new_tokens": args.eval_tokens,
                "block_size": recipe.block_size, "tau": taus, "seconds": times | {
                    "total_s": round(time.perf_counter() - started, 1)}}
