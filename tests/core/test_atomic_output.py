@@ -121,3 +121,21 @@ def test_guard_refuses_an_output_under_a_file(tmp_path):
         guard_output(tmp_path / "file" / "sub", [])
     with pytest.raises(OutputError, match="is the input:"):
         guard_output(tmp_path / "in", [tmp_path / "in"], force=True)
+
+
+def test_written_files_get_the_usual_permissions_even_when_the_writer_replaces_the_temp(tmp_path):
+    """safetensors' save_file replaces the path it is given with a file of its own (0600 here); the
+    finished output still gets 0666 minus the umask, like any file the user writes."""
+    import torch
+    from safetensors.torch import save_file
+
+    umask = os.umask(0o022)
+    try:
+        with atomic_path(tmp_path / "weights.safetensors") as tmp:
+            save_file({"w": torch.zeros(2)}, str(tmp))
+        with atomic_file(tmp_path / "notes.txt", "w") as handle:
+            handle.write("x")
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "weights.safetensors").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "notes.txt").stat().st_mode & 0o777 == 0o644

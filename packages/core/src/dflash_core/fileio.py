@@ -60,8 +60,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
         yield Path(tmp)
+        # mkstemp makes 0600, and writers that replace the path they are given (safetensors' save_file)
+        # make their own: give the finished file the usual permissions
+        os.chmod(tmp, 0o666 & ~_umask())
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
