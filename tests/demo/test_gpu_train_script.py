@@ -32,7 +32,7 @@ def test_gpu_train_script_writes_a_drafter_and_heldout_tau(tmp_path):
     # the continuations ran in order, each from the one before, on greedy then greedy + sampled data
     work = out / "work"
     stages = summary["recipe"]["continuations"]
-    assert [stage["data"] for stage in stages] == ["greedy", "both"]
+    assert [stage["data"] for stage in stages] == ["greedy", "both", "both"]
     previous = work / "drafter_run"
     for stage in stages:
         config = json.loads((work / stage["name"] / "train_state" / "state.json").read_text())["meta"]["train"]

@@ -59,12 +59,14 @@ class DemoRecipe:
     distill: str = "hard"
     eval_every: int = 500
     eval_prompts: int = 8
-    # Two continuations of the base drafter (docs/training.md, "Temperature 1"): more steps on the greedy data
-    # (held-out tau at T=0 2.19 -> 2.34: the base run is under-trained), then greedy + sampled responses with
-    # soft labels mixed in (T=1 1.31 -> 1.51; T=0 holds at 2.36). Sampled data on its own cost T=0 (2.24).
+    # Continuations of the base drafter (docs/training.md, "Temperature 1"; held-out tau, fp32, T=0 / T=1):
+    # more steps on the greedy data (2.19 / 1.36 -> 2.34 / 1.31: the base run is under-trained), then twice
+    # greedy + sampled responses with soft labels mixed in (-> 2.36 / 1.51 -> 2.47 / 1.59). Sampled data
+    # straight after the base run cost T=0 (2.24).
     continuations: tuple[Continuation, ...] = (
         Continuation("greedy_run", data="greedy", steps=650, learning_rate=3e-4, distill="hard"),
-        Continuation("sampled_run", data="both", steps=650, learning_rate=3e-4, distill="mix"))
+        Continuation("sampled_run", data="both", steps=650, learning_rate=3e-4, distill="mix"),
+        Continuation("sampled_run_2", data="both", steps=650, learning_rate=3e-4, distill="mix"))
     sampled_prompts: int = 1500
     sampled_temperature: float = 1.0
 
