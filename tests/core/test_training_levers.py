@@ -129,6 +129,16 @@ def test_settings_of_older_runs_count_as_defaults():
     assert TrainConfig(distill="soft").differences(saved) == ["distill"]
 
 
+def test_init_from_compares_as_the_folder_it_names(tmp_path, monkeypatch):
+    """`make models --work runs/demo` resumed as `--work ./runs/demo` (or absolute) is the same run."""
+    monkeypatch.chdir(tmp_path)
+    saved = TrainConfig(init_from="runs/demo/drafter_run").to_dict()
+    for spelling in ("./runs/demo/drafter_run", str(tmp_path / "runs/demo/drafter_run"), "runs/demo/../demo/drafter_run"):
+        assert TrainConfig(init_from=spelling).differences(saved) == []
+    assert TrainConfig(init_from="runs/demo/greedy_run").differences(saved) == ["init_from"]
+    assert TrainConfig().differences(saved) == ["init_from"]
+
+
 def test_init_from_target_copies_the_last_layers():
     model = tiny_target(vocab=64, layers=6, seed=1)
     target = TargetModel(model)

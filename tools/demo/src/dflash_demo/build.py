@@ -30,7 +30,8 @@ class Continuation:
     """A training stage that starts from the previous stage's drafter (`TrainConfig.init_from`).
 
     `data` is "greedy" (the base stage's data: the target's greedy responses to every training prompt) or
-    "both" (a greedy and a sampled response to each of the first `DemoRecipe.sampled_prompts` prompts).
+    "both" (a greedy and a sampled response to each training prompt in `prompts`, [first, stop), in
+    work/data_both_<first>_<stop>).
     """
 
     name: str
@@ -38,6 +39,7 @@ class Continuation:
     steps: int
     learning_rate: float
     distill: str
+    prompts: tuple[int, int] = (0, 1500)
 
 
 @dataclass(frozen=True)
@@ -62,13 +64,23 @@ class DemoRecipe:
     # Continuations of the base drafter (docs/training.md, "Temperature 1"; held-out tau, fp32, T=0 / T=1):
     # more steps on the greedy data (2.19 / 1.36 -> 2.34 / 1.31: the base run is under-trained), then twice
     # greedy + sampled responses with soft labels mixed in (-> 2.36 / 1.51 -> 2.47 / 1.59). Sampled data
-    # straight after the base run cost T=0 (2.24).
+    # straight after the base run cost T=0 (2.24). Then twice greedy + sampled responses to the next 1,500
+    # prompts (-> 2.54 / 1.61 -> 2.64 / 1.63): fresh prompts paid no more than a second pass on the old ones.
     continuations: tuple[Continuation, ...] = (
         Continuation("greedy_run", data="greedy", steps=650, learning_rate=3e-4, distill="hard"),
         Continuation("sampled_run", data="both", steps=650, learning_rate=3e-4, distill="mix"),
-        Continuation("sampled_run_2", data="both", steps=650, learning_rate=3e-4, distill="mix"))
-    sampled_prompts: int = 1500
+        Continuation("sampled_run_2", data="both", steps=650, learning_rate=3e-4, distill="mix"),
+        Continuation("sampled_run_3", data="both", steps=650, learning_rate=3e-4, distill="mix", prompts=(1500, 3000)),
+        Continuation("sampled_run_4", data="both", steps=650, learning_rate=3e-4, distill="mix", prompts=(1500, 3000)))
     sampled_temperature: float = 1.0
+
+    def scaled_to(self, train_prompts: int) -> "DemoRecipe":
+        """The recipe on fewer (or more) training prompts: each continuation's prompt range scales with them."""
+        def scale(first: int, stop: int) -> tuple[int, int]:
+            return first * train_prompts // self.train_prompts, stop * train_prompts // self.train_prompts
+
+        return replace(self, train_prompts=train_prompts, continuations=tuple(
+            replace(stage, prompts=scale(*stage.prompts)) for stage in self.continuations))
 
     def train_config(self, layers: int | None = None, block_size: int | None = None, *, bf16: bool = True):
         from dflash_core.training.recipe import TrainConfig
@@ -142,9 +154,11 @@ def build_prompts(work: Path, out: Path, recipe: DemoRecipe) -> tuple[Path, Path
 
 
 def build_data(work: Path, out: Path, train_prompts: Path, recipe: DemoRecipe, *, device: str = "cpu",
-               batch_size: int = 64, kind: str = "greedy") -> Path:
-    """The target's responses to the training prompts: kind "greedy" (work/data, the base stage's) or "both"
-    (work/data_both: a greedy and a sampled response to each of the first `recipe.sampled_prompts`)."""
+               batch_size: int = 64, kind: str = "greedy", prompt_range: tuple[int, int] = (0, 1500),
+               target=None) -> Path:
+    """The target's responses to the training prompts: kind "greedy" (work/data, the base stage's, every
+    prompt) or "both" (work/data_both_<first>_<stop>: a greedy and a sampled response to each prompt in
+    `prompt_range`, [first, stop)). `target`: the demo target already loaded (`load_demo_target`), if any."""
     from dflash_core.loading import load_tokenizer
     from dflash_core.training.data import DataSettings, generate_responses, prompts_fingerprint, read_prompts, target_fingerprint
 
@@ -152,11 +166,15 @@ def build_data(work: Path, out: Path, train_prompts: Path, recipe: DemoRecipe, *
     if kind == "greedy":
         data, responses, temperature = work / "data", recipe.responses, 1.0
     elif kind == "both":
-        data, responses, temperature = work / "data_both", "both", recipe.sampled_temperature
-        prompts = prompts[: recipe.sampled_prompts]
+        first, stop = prompt_range
+        if not 0 <= first < stop <= len(prompts):
+            raise ValueError(f"prompt range {prompt_range} is empty or outside the {len(prompts)} training prompts")
+        data, responses, temperature = work / f"data_both_{first}_{stop}", "both", recipe.sampled_temperature
+        prompts = prompts[first:stop]
     else:
         raise ValueError(f"data kind is {kind!r}, expected greedy or both")
-    target, _ = load_demo_target(out, recipe, device)
+    if target is None:
+        target, _ = load_demo_target(out, recipe, device)
     settings = DataSettings(target=target_fingerprint(out / "target"), prompts=prompts_fingerprint(prompts),
                             responses=responses, max_new_tokens=recipe.response_tokens, temperature=temperature, seed=0)
     generate_responses(target.model, load_tokenizer(out / "target"), prompts, data, settings, batch_size=batch_size)
@@ -166,14 +184,15 @@ def build_data(work: Path, out: Path, train_prompts: Path, recipe: DemoRecipe, *
 def build_drafter(work: Path, out: Path, data: Path, heldout: Path, recipe: DemoRecipe, layers: int | None = None,
                   block_size: int | None = None, run_name: str = "drafter_run", *, device: str = "cpu",
                   eval_max_new_tokens: int = 128, continuation: Continuation | None = None,
-                  init_from: Path | None = None) -> Path:
+                  init_from: Path | None = None, loaded: tuple | None = None) -> Path:
     """Train (or resume, or find finished) the drafter in work/run_name; a `continuation` starts from the
-    drafter in `init_from` with its own steps, learning rate and labels."""
+    drafter in `init_from` with its own steps, learning rate and labels. `loaded`: `load_demo_target`'s
+    (target, bf16) when the caller has it already."""
     from dflash_core.loading import load_tokenizer
     from dflash_core.training.data import read_prompts
     from dflash_core.training.trainer import Distributed, RunOptions, Trainer, load_data
 
-    target, bf16 = load_demo_target(out, recipe, device)
+    target, bf16 = loaded or load_demo_target(out, recipe, device)
     train = recipe.train_config(layers, block_size, bf16=bf16)
     if continuation is not None:
         train = replace(train, max_steps=continuation.steps, learning_rate=continuation.learning_rate,
@@ -199,11 +218,12 @@ def build_continuations(work: Path, out: Path, base_run: Path, train_prompts: Pa
                         recipe: DemoRecipe, *, device: str = "cpu", data_batch: int = 64,
                         eval_max_new_tokens: int = 128) -> Path:
     """Run `recipe.continuations` in order, each from the previous stage's drafter; returns the last run."""
-    run = base_run
+    run, loaded = base_run, load_demo_target(out, recipe, device)  # one target for every stage's data and training
     for stage in recipe.continuations:
-        data = build_data(work, out, train_prompts, recipe, device=device, batch_size=data_batch, kind=stage.data)
+        data = build_data(work, out, train_prompts, recipe, device=device, batch_size=data_batch, kind=stage.data,
+                          prompt_range=stage.prompts, target=loaded[0])
         run = build_drafter(work, out, data, heldout, recipe, run_name=stage.name, device=device,
-                            eval_max_new_tokens=eval_max_new_tokens, continuation=stage, init_from=run)
+                            eval_max_new_tokens=eval_max_new_tokens, continuation=stage, init_from=run, loaded=loaded)
     return run
 
 

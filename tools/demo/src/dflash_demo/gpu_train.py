@@ -52,9 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     models = args.models or default_models_dir()
     continuations = recipe.continuations if args.continue_steps is None else tuple(
         replace(stage, steps=args.continue_steps) for stage in recipe.continuations)
-    recipe = replace(recipe, train_prompts=args.train_prompts, response_tokens=args.response_tokens,
-                     epochs=args.epochs, eval_prompts=min(recipe.eval_prompts, args.eval_prompts),
-                     sampled_prompts=min(recipe.sampled_prompts, args.train_prompts), continuations=continuations)
+    recipe = replace(recipe, response_tokens=args.response_tokens, epochs=args.epochs,
+                     eval_prompts=min(recipe.eval_prompts, args.eval_prompts),
+                     continuations=continuations).scaled_to(args.train_prompts)
     work, times, started = args.out / "work", {}, time.perf_counter()
     work.mkdir(parents=True, exist_ok=True)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 
 from ..config import DFlashConfig, build_target_layer_ids
 from ..errors import ConfigError
@@ -122,11 +123,18 @@ class TrainConfig:
         """Names of fields that differ from a saved run's settings (ignoring resumable ones).
 
         A field the saved run lacks (it predates that field) counts as its default, so runs started
-        before a field existed resume with the behaviour they had.
+        before a field existed resume with the behaviour they had. `init_from` compares as the folder it
+        names, so `runs/x` and `./runs/x` (or its absolute path) are the same starting point.
         """
         now = self.to_dict()
         return [f.name for f in fields(self) if f.name not in self.RESUMABLE_CHANGES
-                and saved.get(f.name, f.default) != now[f.name]]
+                and not _same_setting(f.name, saved.get(f.name, f.default), now[f.name])]
+
+
+def _same_setting(name: str, saved, now) -> bool:
+    if name == "init_from" and isinstance(saved, str) and isinstance(now, str):
+        return Path(saved).resolve() == Path(now).resolve()
+    return saved == now
 
 
 def drafter_config_for(target, mask_token_id: int, train: TrainConfig) -> DFlashConfig:

@@ -1,0 +1,33 @@
+"""The demo recipe's continuation stages: prompt ranges, and how they scale to fewer training prompts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from dflash_demo.build import Continuation, DemoRecipe, build_data
+
+
+def test_continuations_chain_and_fresh_sampled_prompts():
+    stages = DemoRecipe().continuations
+    assert len({stage.name for stage in stages}) == len(stages)
+    sampled = [stage.prompts for stage in stages if stage.data == "both"]
+    assert sampled[0] == (0, 1500) and sampled[-1] == (1500, 3000)  # the last stage samples prompts never sampled before
+    assert all(0 <= first < stop <= DemoRecipe().train_prompts for first, stop in sampled)
+
+
+def test_scaled_recipe_keeps_each_range_in_proportion():
+    recipe = DemoRecipe(continuations=(Continuation("a", "both", 5, 1e-4, "mix", prompts=(1500, 3000)),))
+    small = recipe.scaled_to(600)
+    assert small.train_prompts == 600 and small.continuations[0].prompts == (150, 300)
+    assert small.continuations[0].steps == 5 and recipe.continuations[0].prompts == (1500, 3000)  # the original is untouched
+
+
+@pytest.mark.parametrize("prompt_range", [(2, 2), (3, 9), (-1, 2)])
+def test_an_empty_or_outside_prompt_range_is_refused_before_anything_loads(tmp_path, prompt_range):
+    prompts = tmp_path / "train_prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"def f{i}():"}) + "\n" for i in range(4)))
+    with pytest.raises(ValueError, match=r"prompt range .* outside the 4 training prompts"):
+        build_data(tmp_path / "work", tmp_path / "missing_models", prompts, DemoRecipe(), kind="both",
+                   prompt_range=prompt_range)
+    assert not (tmp_path / "work").exists()
