@@ -23,6 +23,17 @@ def test_scaled_recipe_keeps_each_range_in_proportion():
     assert small.continuations[0].steps == 5 and recipe.continuations[0].prompts == (1500, 3000)  # the original is untouched
 
 
+def test_greedy_stages_carry_no_prompt_range_and_a_sampled_stage_needs_one(tmp_path):
+    recipe = DemoRecipe()
+    assert all((stage.prompts is None) == (stage.data == "greedy") for stage in recipe.continuations)
+    assert all((stage.prompts is None) == (stage.data == "greedy") for stage in recipe.scaled_to(4).continuations)
+    prompts = tmp_path / "train_prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def f():"}) + "\n")
+    with pytest.raises(ValueError, match="needs a prompt range"):
+        build_data(tmp_path / "work", tmp_path / "missing_models", prompts, recipe, kind="both")
+    assert not (tmp_path / "work").exists()
+
+
 @pytest.mark.parametrize("prompt_range", [(2, 2), (3, 9), (-1, 2)])
 def test_an_empty_or_outside_prompt_range_is_refused_before_anything_loads(tmp_path, prompt_range):
     prompts = tmp_path / "train_prompts.jsonl"

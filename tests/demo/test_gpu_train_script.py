@@ -32,8 +32,8 @@ def test_gpu_train_script_writes_a_drafter_and_heldout_tau(tmp_path):
     # the continuations ran in order, each from the one before, on greedy then greedy + sampled data
     work = out / "work"
     stages = summary["recipe"]["continuations"]
-    assert [stage["data"] for stage in stages] == ["greedy", "both", "both", "both", "both"]
-    assert [stage["prompts"] for stage in stages][1:] == [[0, 1], [0, 1], [1, 2], [1, 2]]  # 1,500 of 6,000, scaled to 4
+    assert [stage["data"] for stage in stages] == ["greedy", "both", "both", "both", "both", "both"]
+    assert [stage["prompts"] for stage in stages][1:] == [[0, 1], [0, 1], [1, 2], [1, 2], [1, 2]]  # 1,500 of 6,000, scaled to 4
     previous = work / "drafter_run"
     for stage in stages:
         config = json.loads((work / stage["name"] / "train_state" / "state.json").read_text())["meta"]["train"]
