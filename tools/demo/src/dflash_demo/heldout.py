@@ -6,6 +6,7 @@ machine's cost-aware draft-length policy (which would mix in plain target steps)
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Sequence
 
@@ -34,9 +35,28 @@ def heldout_tau(target: Path, drafter: Path, prompts: Sequence[str], *, max_new_
     return taus
 
 
+def _names(*allowed: str):
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(name.strip() for name in text.split(","))
+        if any(name not in allowed for name in names):
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a comma-separated list of {', '.join(allowed)}")
+        return names
+
+    return parse
+
+
+def _temperatures(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(value) for value in text.split(","))
+    except ValueError:
+        values = (-1.0,)
+    if any(not value >= 0 for value in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated temperatures >= 0")
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m dflash_demo.heldout`: held-out tau of a pair into a JSON file (atomically)."""
-    import argparse
     import json
 
     from dflash_core.fileio import write_json
@@ -49,10 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtypes", type=_names("fp32", "bf16"), default=("fp32", "bf16"),
+                        help="comma-separated, of fp32,bf16 (default both)")
+    parser.add_argument("--temperatures", type=_temperatures, default=(0.0, 1.0),
+                        help="comma-separated sampling temperatures, 0 = greedy (default 0,1)")
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     args = parser.parse_args(argv)
     prompts = read_prompts(args.prompts)[: args.count]
-    taus = heldout_tau(args.target, args.drafter, prompts, max_new_tokens=args.max_new_tokens, device=args.device)
+    taus = heldout_tau(args.target, args.drafter, prompts, max_new_tokens=args.max_new_tokens, device=args.device,
+                       dtypes=args.dtypes, temperatures=args.temperatures)
     write_json(args.out, {"target": str(args.target), "drafter": str(args.drafter), "prompts": str(args.prompts),
                           "count": len(prompts), "max_new_tokens": args.max_new_tokens, "tau": taus})
     print(json.dumps(taus))
