@@ -46,12 +46,13 @@ def _names(*allowed: str):
 
 
 def _temperatures(text: str) -> tuple[float, ...]:
+    refused = argparse.ArgumentTypeError(f"{text!r}: expected comma-separated temperatures >= 0")
     try:
         values = tuple(float(value) for value in text.split(","))
     except ValueError:
-        values = (-1.0,)
-    if any(not value >= 0 for value in values):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated temperatures >= 0")
+        raise refused from None
+    if not all(value >= 0 for value in values):  # also refuses nan
+        raise refused
     return values
 
 
