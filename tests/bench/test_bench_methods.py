@@ -109,8 +109,14 @@ def test_bench_e2e_writes_json_markdown_and_plots(tiny, tmp_path, capsys):
     assert by[(1, "prompt_lookup")]["identical"] == "2/2" and by[(2, "dflash")]["identical"] == "2/2"
     assert "batch" in by[(2, "prompt_lookup")]["n/a"]
     assert len(by[(1, "dflash")]["speedup_per_batch"]) == 2 and by[(1, "dflash")]["tau"] >= 1
+    # each per-prompt figure names its prompts (file order), and the slowest is the one at the minimum
+    one, two = by[(1, "dflash")], by[(2, "dflash")]
+    assert one["prompts_per_batch"] == [[0], [1]] and two["prompts_per_batch"] == [[0, 1]]
+    slowest = one["speedup_per_batch"].index(one["speedup_min"])
+    assert one["slowest_prompts"] == [slowest] and two["slowest_prompts"] == [0, 1]
     markdown = (out / "e2e.md").read_text()
     assert "n/a (" in markdown and "speedup vs ar" in markdown and "Machine:" in markdown
+    assert f"{one['speedup_min']:.2f} (#{slowest}) /" in markdown and "(#0,1) /" in markdown
 
 
 def test_bench_e2e_reports_dflash_full_tau_and_the_cost_model_ceiling(tiny, tmp_path, capsys):

@@ -142,10 +142,12 @@ def summarize(comparison: Comparison) -> list[dict]:
         runs = comparison.runs[method]
         tokens, seconds = sum(_count(r) for r in runs), sum(r.seconds for r in runs)
         per_batch = [_rate(r) / a for r, a in zip(runs, ar_rates)]
+        slowest = min(range(len(per_batch)), key=per_batch.__getitem__)
         rows.append(row | {
             "rows": sum(len(r.tokens) for r in runs), "tokens": tokens, "seconds": seconds,
             "tok_s": tokens / seconds, "speedup": (tokens / seconds) / ar_total,
-            "speedup_per_batch": per_batch, "speedup_min": min(per_batch),
+            "speedup_per_batch": per_batch, "prompts_per_batch": [list(b) for b in comparison.batches],
+            "slowest_prompts": list(comparison.batches[slowest]), "speedup_min": min(per_batch),
             "speedup_median": statistics.median(per_batch), "speedup_max": max(per_batch),
             "identical": _identical(comparison, method), **_steps(runs)})
     return rows

@@ -28,7 +28,8 @@ def table_row(r: dict) -> list:
         return head + [f"n/a ({r['n/a']})", "", "", "", "", ""]
     if r["method"] == "ar":
         return head + [r["tok_s"], r["speedup"], "", "", "", ""]
-    spread = f"{r['speedup_min']:.2f} / {r['speedup_median']:.2f} / {r['speedup_max']:.2f}"
+    slowest = ",".join(map(str, r["slowest_prompts"]))
+    spread = f"{r['speedup_min']:.2f} (#{slowest}) / {r['speedup_median']:.2f} / {r['speedup_max']:.2f}"
     identical = r["identical"] if r["identical"] is not None else "n/a (T > 0)"
     ceiling = f"{r['ceiling']:.2f}x ({100 * r['of_ceiling']:.0f}%)" if "ceiling" in r else ""
     return head + [r["tok_s"], r["speedup"], spread, r.get("tau", ""), ceiling, identical]
@@ -54,7 +55,8 @@ def _notes(results: list[dict], *, name: str, prompts_file: Path, prompts: int, 
         "always verified its best k would reach on this machine; share reached = speedup / ceiling (the drafter's "
         "ceiling: dflash_drafter is bounded by it, dflash passes it where context-lookup copies are accepted)",
         "per-prompt speedup: one value per prompt at batch 1, per batch of prompts at larger batch sizes; batches "
-        "wrap round to the first prompts to stay full",
+        "wrap round to the first prompts to stay full; #i: the slowest one's prompt index (0-based, in file order; "
+        "the JSON has every batch's in prompts_per_batch)",
     ]
     for r in results:
         if "draft_share" in r:
