@@ -51,9 +51,10 @@ def test_marginals_and_the_chain_match_exact_enumeration(model):
                          generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(estimate[0], p1)
     assert 0.5 * (estimate[1] - m2).abs().sum() < 0.02  # Rao-Blackwellised: close with a few thousand samples
-    chained = chain_tau(model, context, torch.stack([p1, m2]), chains=6000, temperature=1.0,
-                        generator=torch.Generator().manual_seed(2))
+    chained, kept = chain_tau(model, context, torch.stack([p1, m2]), chains=6000, temperature=1.0,
+                              generator=torch.Generator().manual_seed(2))
     assert 2.0 < tau < 3.0 and chained == pytest.approx(tau, abs=0.01)
+    assert kept[0] == pytest.approx(1.0, abs=1e-5) and kept[1] == pytest.approx(tau - 2.0, abs=0.01)
 
 
 def test_the_chain_is_exact_for_any_proposal(model):
@@ -64,8 +65,8 @@ def test_the_chain_is_exact_for_any_proposal(model):
     after = torch.cat([context.expand(VOCAB, -1), torch.arange(VOCAB)[:, None]], dim=1)
     kept2 = torch.minimum(_laws(model, after)[:, -1], uniform).sum(dim=1)
     tau = 2.0 + (p1 * kept2).sum().item()
-    chained = chain_tau(model, context, torch.stack([p1, uniform]), chains=6000, temperature=1.0,
-                        generator=torch.Generator().manual_seed(2))
+    chained, _ = chain_tau(model, context, torch.stack([p1, uniform]), chains=6000, temperature=1.0,
+                           generator=torch.Generator().manual_seed(2))
     assert chained == pytest.approx(tau, abs=0.01)
 
 
@@ -74,6 +75,7 @@ def test_at_temperature_zero_the_ceiling_is_the_whole_block(model):
     result = marginal_ceiling(model, prompts, block_size=5, temperature=0.0, samples=4, chains=4,
                               max_new_tokens=8, stride=4)
     assert result["tau"] == 5.0 and result["per_prompt"] == [5.0, 5.0] and result["contexts_per_prompt"] == 2
+    assert result["kept_by_position"] == [1.0] * 4
 
 
 def test_cli_writes_the_ceiling_of_the_demo_target(tmp_path, capsys):

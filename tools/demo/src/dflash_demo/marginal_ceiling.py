@@ -75,8 +75,9 @@ def marginals(model, context: torch.Tensor, *, block_size: int, samples: int, te
 
 
 def chain_tau(model, context: torch.Tensor, marginal: torch.Tensor, *, chains: int, temperature: float,
-              generator: torch.Generator) -> float:
-    """Expected tokens per full-block step for drafts drawn from `marginal` [B-1, V] (mean over `chains`)."""
+              generator: torch.Generator) -> tuple[float, list[float]]:
+    """For drafts drawn from `marginal` [B-1, V]: (expected tokens per full-block step, P(drafts 1..j all kept)
+    for j = 1..B-1), means over `chains`."""
     kept = []  # a_j per chain, [chains] each
 
     def keep(j: int, p: torch.Tensor) -> torch.Tensor:
@@ -87,8 +88,8 @@ def chain_tau(model, context: torch.Tensor, marginal: torch.Tensor, *, chains: i
     _, laws = rollout(model, context, width=chains, steps=marginal.shape[0], temperature=temperature,
                       generator=generator, choose=keep)
     keep(marginal.shape[0] - 1, laws[:, -1])  # the last position's acceptance (its token is not needed)
-    survival = torch.stack(kept, dim=1).cumprod(dim=1)  # [chains, B-1]: P(drafts 1..j all kept)
-    return 1.0 + survival.sum(dim=1).mean().item()
+    survival = torch.stack(kept, dim=1).cumprod(dim=1).mean(dim=0)  # [B-1]: P(drafts 1..j all kept)
+    return 1.0 + survival.sum().item(), survival.tolist()
 
 
 def contexts_of(model, prompt: torch.Tensor, *, max_new_tokens: int, stride: int, temperature: float,
@@ -102,8 +103,9 @@ def contexts_of(model, prompt: torch.Tensor, *, max_new_tokens: int, stride: int
 
 def marginal_ceiling(model, prompts: Sequence[torch.Tensor], *, block_size: int, temperature: float, samples: int,
                      chains: int, max_new_tokens: int, stride: int, seed: int = 0) -> dict:
-    """{"tau": the ceiling (mean over contexts), "per_prompt": [mean over that prompt's contexts], ...}."""
-    per_prompt = []
+    """{"tau": the ceiling (mean over contexts), "per_prompt": [mean over that prompt's contexts],
+    "kept_by_position": [P(drafts 1..j all kept), mean over contexts], "contexts_per_prompt"}."""
+    per_prompt, survivals = [], []
     for i, prompt in enumerate(tqdm(prompts, desc=f"marginal ceiling T={temperature:g}", unit="prompt")):
         generator = torch.Generator().manual_seed(seed + i)
         taus = []
@@ -111,11 +113,14 @@ def marginal_ceiling(model, prompts: Sequence[torch.Tensor], *, block_size: int,
                                    temperature=temperature, seed=seed + i):
             marginal = marginals(model, context, block_size=block_size, samples=samples, temperature=temperature,
                                  generator=generator)
-            taus.append(chain_tau(model, context, marginal, chains=chains, temperature=temperature,
-                                  generator=generator))
+            tau, survival = chain_tau(model, context, marginal, chains=chains, temperature=temperature,
+                                      generator=generator)
+            taus.append(tau)
+            survivals.append(survival)
         per_prompt.append(sum(taus) / len(taus))
+    kept = [round(sum(column) / len(survivals), 4) for column in zip(*survivals)]
     return {"tau": round(sum(per_prompt) / len(per_prompt), 3), "per_prompt": [round(t, 3) for t in per_prompt],
-            "contexts_per_prompt": len(range(0, max_new_tokens, stride))}
+            "kept_by_position": kept, "contexts_per_prompt": len(range(0, max_new_tokens, stride))}
 
 
 def main(argv: list[str] | None = None) -> int:
