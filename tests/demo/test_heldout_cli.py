@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from dflash_demo.heldout import main
+from dflash_demo.heldout import kept_by_position, main
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "models" / "demo"
@@ -21,6 +21,14 @@ def test_writes_tau_for_the_dtypes_and_temperatures_asked(tmp_path, capsys):
     assert set(written["tau"]) == {"fp32"} and set(written["tau"]["fp32"]) == {"T=0"}
     assert 1.0 <= written["tau"]["fp32"]["T=0"] <= 16.0 and written["count"] == 2
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == written["tau"]
+    kept = written["kept_by_position"]["fp32"]["T=0"]  # tau = 1 + sum_j P(drafts 1..j all kept)
+    assert len(kept) == 15 and kept == sorted(kept, reverse=True)
+    assert written["tau"]["fp32"]["T=0"] == pytest.approx(1 + sum(kept), abs=2e-3)
+
+
+def test_kept_by_position_counts_the_steps_that_kept_at_least_j_drafts():
+    assert kept_by_position([1, 3, 16, 2], 15) == [0.75, 0.5] + [0.25] * 13
+    assert kept_by_position([], 3) == [0.0, 0.0, 0.0]
 
 
 @pytest.mark.parametrize("flag, value", [("--dtypes", "fp16"), ("--dtypes", ""), ("--temperatures", "-1"),

@@ -16,23 +16,40 @@ from dflash_core.decoding import generate
 from dflash_core.loading import encode_prompt, load_pair, stop_token_ids
 
 
-def heldout_tau(target: Path, drafter: Path, prompts: Sequence[str], *, max_new_tokens: int, device: str = "cpu",
-                dtypes: Sequence[str] = ("fp32", "bf16"), temperatures: Sequence[float] = (0.0, 1.0)) -> dict:
-    """{dtype: {"T=t": tau}}: mean tokens committed per full-block step, prompt i sampled with seed i."""
-    taus: dict[str, dict[str, float]] = {}
+def heldout_lengths(target: Path, drafter: Path, prompts: Sequence[str], *, max_new_tokens: int,
+                    device: str = "cpu", dtypes: Sequence[str] = ("fp32", "bf16"),
+                    temperatures: Sequence[float] = (0.0, 1.0)) -> dict[str, dict[str, list[int]]]:
+    """{dtype: {"T=t": tokens committed by every full-block step, all prompts}}, prompt i sampled with seed i."""
+    lengths: dict[str, dict[str, list[int]]] = {}
     for dtype in dtypes:
         pair = load_pair(target, drafter, dtype=dtype, device=device)
         stops = stop_token_ids(pair.target, pair.tokenizer)
         full = pair.drafter.config.block_size - 1
         for temperature in temperatures:
-            lengths = []
+            steps = lengths.setdefault(dtype, {}).setdefault(f"T={temperature:g}", [])
             for i, text in enumerate(tqdm(prompts, desc=f"held-out tau {dtype} T={temperature:g}", leave=False)):
                 ids = encode_prompt(pair.tokenizer, text, device)
                 result = generate(pair.target, pair.drafter, ids, max_new_tokens=max_new_tokens, draft_length=full,
                                   temperature=temperature, seed=i, stop_token_ids=stops)
-                lengths += result.acceptance_lengths[0]
-            taus.setdefault(dtype, {})[f"T={temperature:g}"] = round(sum(lengths) / max(1, len(lengths)), 3)
-    return taus
+                steps += result.acceptance_lengths[0]
+    return lengths
+
+
+def heldout_tau(target: Path, drafter: Path, prompts: Sequence[str], *, max_new_tokens: int, device: str = "cpu",
+                dtypes: Sequence[str] = ("fp32", "bf16"), temperatures: Sequence[float] = (0.0, 1.0)) -> dict:
+    """{dtype: {"T=t": tau}}: mean tokens committed per full-block step, prompt i sampled with seed i."""
+    lengths = heldout_lengths(target, drafter, prompts, max_new_tokens=max_new_tokens, device=device, dtypes=dtypes,
+                              temperatures=temperatures)
+    return {dtype: {t: _mean(steps) for t, steps in by_t.items()} for dtype, by_t in lengths.items()}
+
+
+def kept_by_position(steps: Sequence[int], drafts: int) -> list[float]:
+    """P(drafts 1..j all kept) for j = 1..drafts, from tokens committed per full-block step (kept + 1)."""
+    return [round(sum(n - 1 >= j for n in steps) / max(1, len(steps)), 4) for j in range(1, drafts + 1)]
+
+
+def _mean(steps: Sequence[int]) -> float:
+    return round(sum(steps) / max(1, len(steps)), 3)
 
 
 def _names(*allowed: str):
@@ -60,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m dflash_demo.heldout`: held-out tau of a pair into a JSON file (atomically)."""
     import json
 
+    from dflash_core.config import DFlashConfig
     from dflash_core.fileio import write_json
     from dflash_core.training.data import read_prompts
 
@@ -77,10 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     args = parser.parse_args(argv)
     prompts = read_prompts(args.prompts)[: args.count]
-    taus = heldout_tau(args.target, args.drafter, prompts, max_new_tokens=args.max_new_tokens, device=args.device,
-                       dtypes=args.dtypes, temperatures=args.temperatures)
+    lengths = heldout_lengths(args.target, args.drafter, prompts, max_new_tokens=args.max_new_tokens,
+                              device=args.device, dtypes=args.dtypes, temperatures=args.temperatures)
+    taus = {dtype: {t: _mean(steps) for t, steps in by_t.items()} for dtype, by_t in lengths.items()}
+    drafts = DFlashConfig.from_pretrained(args.drafter).block_size - 1
+    kept = {dtype: {t: kept_by_position(steps, drafts) for t, steps in by_t.items()} for dtype, by_t in lengths.items()}
     write_json(args.out, {"target": str(args.target), "drafter": str(args.drafter), "prompts": str(args.prompts),
-                          "count": len(prompts), "max_new_tokens": args.max_new_tokens, "tau": taus})
+                          "count": len(prompts), "max_new_tokens": args.max_new_tokens, "tau": taus,
+                          "kept_by_position": kept})
     print(json.dumps(taus))
     return 0
 
