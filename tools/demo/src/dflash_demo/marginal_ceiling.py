@@ -33,6 +33,8 @@ from typing import Sequence
 import torch
 from tqdm import tqdm
 
+from dflash_core.target import cache_argument
+
 
 def next_distributions(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """The target's next-token law at `temperature` (0: one-hot on the argmax), fp32 [..., V]."""
@@ -54,14 +56,15 @@ def rollout(model, context: torch.Tensor, *, width: int, steps: int, temperature
 
     choose = choose or (lambda j, p: torch.multinomial(p, 1, generator=generator)[:, 0])
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=context, past_key_values=cache, use_cache=True)
+    with_cache = {cache_argument(model): cache, "use_cache": True}
+    out = model(input_ids=context, **with_cache)
     cache.batch_repeat_interleave(width)
     laws = [next_distributions(out.logits[:, -1], temperature).expand(width, -1)]
     tokens = []
     for j in range(1, steps):
         tokens.append(choose(j - 1, laws[-1]))
         position = torch.full((width, 1), context.shape[1] + j - 1, dtype=torch.long)
-        out = model(input_ids=tokens[-1][:, None], past_key_values=cache, use_cache=True, position_ids=position)
+        out = model(input_ids=tokens[-1][:, None], position_ids=position, **with_cache)
         laws.append(next_distributions(out.logits[:, -1], temperature))
     return torch.stack(tokens, dim=1) if tokens else context.new_zeros(width, 0), torch.stack(laws, dim=1)
 
