@@ -19,6 +19,7 @@ can be wrong: delete `dtype_probe.json` to measure again.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import os
@@ -112,6 +113,7 @@ def choose_dtype(costs_by_dtype: dict[str, dict], block_size: int, *, machine: s
 
 
 # ---- keys ----------------------------------------------------------------------------------------
+@functools.cache  # read once per process: every "auto" request's cost-table key asks for it
 def cpu_facts() -> tuple[str, tuple[str, ...]]:
     """(CPU model name, the bf16-relevant ISA flags it has) from /proc/cpuinfo; best effort elsewhere."""
     name, flags = "", set()
