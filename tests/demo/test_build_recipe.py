@@ -12,7 +12,7 @@ def test_continuations_chain_and_fresh_sampled_prompts():
     stages = DemoRecipe().continuations
     assert len({stage.name for stage in stages}) == len(stages)
     sampled = [stage.prompts for stage in stages if stage.data == "both"]
-    assert sampled[0] == (0, 1500) and sampled[-1] == (3000, 4500)  # the last stages sample prompts never sampled before
+    assert sampled[0] == (0, 1500) and sampled[-1] == (4500, 6000)  # the last stages sample prompts never sampled before
     assert all(0 <= first < stop <= DemoRecipe().train_prompts for first, stop in sampled)
 
 
