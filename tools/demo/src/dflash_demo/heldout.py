@@ -38,9 +38,8 @@ def heldout_lengths(target: Path, drafter: Path, prompts: Sequence[str], *, max_
 def heldout_tau(target: Path, drafter: Path, prompts: Sequence[str], *, max_new_tokens: int, device: str = "cpu",
                 dtypes: Sequence[str] = ("fp32", "bf16"), temperatures: Sequence[float] = (0.0, 1.0)) -> dict:
     """{dtype: {"T=t": tau}}: mean tokens committed per full-block step, prompt i sampled with seed i."""
-    lengths = heldout_lengths(target, drafter, prompts, max_new_tokens=max_new_tokens, device=device, dtypes=dtypes,
-                              temperatures=temperatures)
-    return {dtype: {t: _mean(steps) for t, steps in by_t.items()} for dtype, by_t in lengths.items()}
+    return _per_setting(heldout_lengths(target, drafter, prompts, max_new_tokens=max_new_tokens, device=device,
+                                        dtypes=dtypes, temperatures=temperatures), _mean)
 
 
 def kept_by_position(steps: Sequence[int], drafts: int) -> list[float]:
@@ -50,6 +49,11 @@ def kept_by_position(steps: Sequence[int], drafts: int) -> list[float]:
 
 def _mean(steps: Sequence[int]) -> float:
     return round(sum(steps) / max(1, len(steps)), 3)
+
+
+def _per_setting(lengths: dict[str, dict[str, list[int]]], reduce) -> dict:
+    """{dtype: {"T=t": reduce(that setting's step lengths)}}."""
+    return {dtype: {t: reduce(steps) for t, steps in by_t.items()} for dtype, by_t in lengths.items()}
 
 
 def _names(*allowed: str):
@@ -97,9 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     prompts = read_prompts(args.prompts)[: args.count]
     lengths = heldout_lengths(args.target, args.drafter, prompts, max_new_tokens=args.max_new_tokens,
                               device=args.device, dtypes=args.dtypes, temperatures=args.temperatures)
-    taus = {dtype: {t: _mean(steps) for t, steps in by_t.items()} for dtype, by_t in lengths.items()}
+    taus = _per_setting(lengths, _mean)
     drafts = DFlashConfig.from_pretrained(args.drafter).block_size - 1
-    kept = {dtype: {t: kept_by_position(steps, drafts) for t, steps in by_t.items()} for dtype, by_t in lengths.items()}
+    kept = _per_setting(lengths, lambda steps: kept_by_position(steps, drafts))
     write_json(args.out, {"target": str(args.target), "drafter": str(args.drafter), "prompts": str(args.prompts),
                           "count": len(prompts), "max_new_tokens": args.max_new_tokens, "tau": taus,
                           "kept_by_position": kept})

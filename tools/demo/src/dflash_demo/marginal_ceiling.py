@@ -33,15 +33,16 @@ from typing import Sequence
 import torch
 from tqdm import tqdm
 
+from dflash_core.sampling import SamplingParams, greedy_tokens, warp_logits
 from dflash_core.target import cache_argument
 
 
 def next_distributions(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """The target's next-token law at `temperature` (0: one-hot on the argmax), fp32 [..., V]."""
-    logits = logits.float()
+    """The target's next-token law at `temperature`, warped as the decoder warps it (0: one-hot on the
+    argmax), fp32 [..., V]."""
     if temperature == 0:
-        return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
-    return (logits / temperature).softmax(dim=-1)
+        return torch.nn.functional.one_hot(greedy_tokens(logits), logits.shape[-1]).float()
+    return warp_logits(logits, SamplingParams(temperature=temperature)).softmax(dim=-1)
 
 
 @torch.no_grad()
