@@ -42,3 +42,26 @@ def test_an_empty_or_outside_prompt_range_is_refused_before_anything_loads(tmp_p
         build_data(tmp_path / "work", tmp_path / "missing_models", prompts, DemoRecipe(), kind="both",
                    prompt_range=prompt_range)
     assert not (tmp_path / "work").exists()
+
+
+def test_the_prompt_pool_covers_every_stage_and_grows_without_moving_a_prompt(tmp_path):
+    from dflash_demo.build import build_prompts
+    from dflash_demo.corpus import split_corpus
+    from dflash_demo.prompts import code_prompts
+
+    recipe = DemoRecipe(heldout_prompts=2, train_prompts=6, continuations=(
+        Continuation("a", "both", 5, 1e-4, "mix", prompts=(0, 6)),
+        Continuation("b", "both", 5, 1e-4, "mix", prompts=(6, 9))))
+    assert recipe.prompt_pool == 9 and DemoRecipe().prompt_pool >= DemoRecipe().train_prompts
+    assert recipe.scaled_to(2).prompt_pool == 3  # (6, 9) of 6 is (2, 3) of 2
+    split = split_corpus()
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    out.mkdir()
+    first = code_prompts(split, split.train, 6, seed=2)
+    (work / "train_prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in first))
+    train, heldout = build_prompts(work, out, recipe)  # an older, shorter pool is extended
+    rows = [json.loads(line) for line in train.read_text().splitlines()]
+    assert len(rows) == 9 and rows[:6] == first  # the prompts drawn before keep their places
+    assert not {p["source"].rsplit(":", 1)[0] for p in rows} & set(split.heldout)
+    assert len(heldout.read_text().splitlines()) == 2

@@ -65,6 +65,10 @@ def add_parser(commands) -> None:
     p.add_argument("--init-from", default=None, metavar="DRAFTER",
                    help="start from this drafter's weights (published format; the drafter this run builds must "
                         "match it): continue a trained drafter on other data; default: a fresh drafter")
+    p.add_argument("--grow-from", default=None, metavar="DRAFTER",
+                   help="start as this trained drafter's function in a deeper drafter or one fed by more target "
+                        "layers (--layers, --feature-layers): its layers and fc blocks copied, the new ones adding "
+                        "zero until trained")
     p.add_argument("--mask-token", default=d.mask_token,
                    help=f"the drafter's mask token (default {d.mask_token}, added when absent; needs a spare embedding "
                         "row): else an existing reserved token, e.g. <empty_output> for SmolLM2")
@@ -106,9 +110,10 @@ def run(args) -> int:
         batch_size=args.batch_size, grad_accum=args.grad_accum, grad_clip=args.clip, max_length=args.max_length,
         seed=args.seed, distill=args.distill, distill_weight=args.distill_weight,
         distill_temperature=args.distill_temperature, feature_layers=args.feature_layers,
-        init_from_target=args.init_from_target, init_from=args.init_from, mask_token=args.mask_token)
+        init_from_target=args.init_from_target, init_from=args.init_from, grow_from=args.grow_from,
+        mask_token=args.mask_token)
     eval_prompts = read_prompts(args.eval_prompts)[: args.eval_count] if args.eval_prompts else []
-    inputs = [args.target, args.data] + [p for p in (args.eval_prompts, args.init_from) if p]
+    inputs = [args.target, args.data] + [p for p in (args.eval_prompts, args.init_from, args.grow_from) if p]
     # resumable state is OUT/train_state; a published drafter without it is someone's work, kept unless --force
     guard_output(args.out, inputs, force=args.force, is_own_state=lambda out: (out / STATE_DIR).is_dir())
     place = init_distributed(args.device)

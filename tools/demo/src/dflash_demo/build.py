@@ -40,6 +40,9 @@ class Continuation:
     learning_rate: float
     distill: str
     prompts: tuple[int, int] | None = None  # a "both" stage's training prompts, [first, stop); greedy: all
+    draft_layers: int | None = None  # None: the recipe's
+    feature_layers: int | None = None  # None: the recipe's
+    grow: bool = False  # start as the previous stage's drafter grown into this shape (`TrainConfig.grow_from`)
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,11 @@ class DemoRecipe:
 
         return replace(self, train_prompts=train_prompts, continuations=tuple(
             replace(stage, prompts=scale(stage.prompts)) for stage in self.continuations))
+
+    @property
+    def prompt_pool(self) -> int:
+        """Training prompts drawn in all: the base stage's `train_prompts` and every continuation's range."""
+        return max([self.train_prompts] + [stage.prompts[1] for stage in self.continuations if stage.prompts])
 
     def train_config(self, layers: int | None = None, block_size: int | None = None, *, bf16: bool = True):
         from dflash_core.training.recipe import TrainConfig
@@ -157,9 +165,15 @@ def build_prompts(work: Path, out: Path, recipe: DemoRecipe) -> tuple[Path, Path
     if not heldout.is_file():
         write_jsonl(heldout, code_prompts(split, split.heldout, recipe.heldout_prompts, seed=1, def_fraction=1.0))
     train = work / "train_prompts.jsonl"
-    if not train.is_file():
-        write_jsonl(train, code_prompts(split, split.train, recipe.train_prompts, seed=2))
+    if not train.is_file() or _count_lines(train) < recipe.prompt_pool:
+        # the draw is prefix-stable (one seeded sequence): a longer pool keeps every prompt drawn before
+        write_jsonl(train, code_prompts(split, split.train, recipe.prompt_pool, seed=2))
     return train, heldout
+
+
+def _count_lines(path: Path) -> int:
+    with open(path, encoding="utf-8") as handle:
+        return sum(1 for _ in handle)
 
 
 def build_data(work: Path, out: Path, train_prompts: Path, recipe: DemoRecipe, *, device: str = "cpu",
@@ -172,8 +186,9 @@ def build_data(work: Path, out: Path, train_prompts: Path, recipe: DemoRecipe, *
     from dflash_core.training.data import DataSettings, generate_responses, prompts_fingerprint, read_prompts, target_fingerprint
 
     prompts = read_prompts(train_prompts)
-    if kind == "greedy":
+    if kind == "greedy":  # the base stage's prompts: the first `train_prompts` of the pool
         data, responses, temperature = work / "data", recipe.responses, 1.0
+        prompts = prompts[: recipe.train_prompts]
     elif kind == "both":
         if prompt_range is None:
             raise ValueError("data kind 'both' needs a prompt range (first, stop) of the training prompts")
@@ -205,8 +220,10 @@ def build_drafter(work: Path, out: Path, data: Path, heldout: Path, recipe: Demo
     target, bf16 = loaded or load_demo_target(out, recipe, device)
     train = recipe.train_config(layers, block_size, bf16=bf16)
     if continuation is not None:
+        start = {"grow_from" if continuation.grow else "init_from": str(init_from)}
         train = replace(train, max_steps=continuation.steps, learning_rate=continuation.learning_rate,
-                        distill=continuation.distill, init_from=str(init_from))
+                        distill=continuation.distill, draft_layers=continuation.draft_layers or train.draft_layers,
+                        feature_layers=continuation.feature_layers or train.feature_layers, **start)
     run = work / run_name
     options = RunOptions(out=run, checkpoint_every=50, eval_every=recipe.eval_every,
                          eval_prompts=read_prompts(heldout)[: recipe.eval_prompts],

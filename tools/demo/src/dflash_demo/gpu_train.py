@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     train_prompts = work / "train_prompts.jsonl"
     if not train_prompts.is_file():  # the standard library's train split only: held-out files never appear
         split = split_corpus()
-        write_jsonl(train_prompts, code_prompts(split, split.train, recipe.train_prompts, seed=2))
+        write_jsonl(train_prompts, code_prompts(split, split.train, recipe.prompt_pool, seed=2))
     stage("prompts_s", begun)
     begun = time.perf_counter()
     data = build_data(work, models, train_prompts, recipe, device=args.device, batch_size=args.data_batch)

@@ -66,6 +66,8 @@ class TrainConfig:
     """Initialise draft layer i from target layer L-D+i (the last D target layers) instead of randomly."""
     init_from: str | None = None
     """Start from this published-format drafter's weights (its config must be the one this run builds)."""
+    grow_from: str | None = None
+    """Start as this shallower (or fewer-featured) drafter's function, new layers and features at zero (grow.py)."""
     mask_token: str = MASK_TOKEN
     """The drafter's mask token: <|MASK|> (added when absent), or an existing token of the vocabulary."""
 
@@ -100,6 +102,8 @@ class TrainConfig:
              "unset when target_layer_ids are given (one or the other)"),
             (self.init_from is None or not self.init_from_target, "init_from",
              "unset with init_from_target (one starting point or the other)"),
+            (self.grow_from is None or (self.init_from is None and not self.init_from_target), "grow_from",
+             "unset with init_from or init_from_target (one starting point or the other)"),
         ]
         for ok, name, expected in checks:
             if not ok:
@@ -123,8 +127,8 @@ class TrainConfig:
         """Names of fields that differ from a saved run's settings (ignoring resumable ones).
 
         A field the saved run lacks (it predates that field) counts as its default, so runs started
-        before a field existed resume with the behaviour they had. `init_from` compares as the folder it
-        names, so `runs/x` and `./runs/x` (or its absolute path) are the same starting point.
+        before a field existed resume with the behaviour they had. `init_from` and `grow_from` compare as
+        the folder they name, so `runs/x` and `./runs/x` (or its absolute path) are the same starting point.
         """
         now = self.to_dict()
         return [f.name for f in fields(self) if f.name not in self.RESUMABLE_CHANGES
@@ -132,7 +136,7 @@ class TrainConfig:
 
 
 def _same_setting(name: str, saved, now) -> bool:
-    if name == "init_from" and isinstance(saved, str) and isinstance(now, str):
+    if name in ("init_from", "grow_from") and isinstance(saved, str) and isinstance(now, str):
         return Path(saved).resolve() == Path(now).resolve()
     return saved == now
 

@@ -32,6 +32,7 @@ from .batches import make_batch, micro_positions
 from .train_state import STATE_FILE, has_training_state, load_training_state, save_training_state
 from .data import TokenDataset
 from .init_from_target import init_from_target
+from .grow import grow_from_drafter
 from .warm_start import init_from_drafter
 from .objective import TrainingObjective
 from .recipe import TrainConfig, drafter_config_for
@@ -101,6 +102,8 @@ class Trainer:
             init_from_target(self.drafter, target)
         if train.init_from is not None:
             init_from_drafter(self.drafter, train.init_from)
+        if train.grow_from is not None:
+            grow_from_drafter(self.drafter, train.grow_from)
         self.drafter.requires_grad_(True).train()
         target.set_layer_ids(self.drafter.config.target_layer_ids)
         self.draft_vocab = None  # (ids, coverage): the read-out list, also used by the periodic evaluation
