@@ -12,16 +12,14 @@ from dataclasses import replace
 
 import pytest
 import torch
-from tiny import drafter_config, save_tiny_pair, tiny_drafter, tiny_target
+from tiny import drafter_config, tiny_drafter, tiny_target
 
-from dflash_cli import main
 from dflash_core import generate, load_drafter
 from dflash_core.drafter import Drafter
 from dflash_core.errors import ConfigError
 from dflash_core.training.grow import grow_from_drafter, growth_problem
 from dflash_core.training.train_state import load_training_state
 
-FAST = ["--dtype", "fp32", "--threads", "1"]
 
 
 def _source(tmp_path, **extra):
@@ -74,23 +72,8 @@ def test_what_cannot_grow_is_refused_naming_it(tmp_path):
     assert growth_problem(config, replace(config, intermediate_size=96)).startswith("intermediate_size (64 there")
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("grow")
-    target, _ = save_tiny_pair(root, target_layers=6)
-    lines = open(__file__).read().splitlines()
-    prompts = root / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": "\n".join(lines[i:i + 3])}) + "\n" for i in range(0, 32, 2)))
-    data = root / "data"
-    assert main(["data", "--target", str(target), "--prompts", str(prompts), "--out", str(data),
-                 "--max-new-tokens", "24", "--batch-size", "8", "--shard-size", "16", *FAST]) == 0
-    return target, data
-
-
-def _train(target, data, out, *extra):
-    return main(["train", "--target", str(target), "--data", str(data), "--out", str(out), "--block-size", "4",
-                 "--anchors", "6", "--batch-size", "3", "--max-steps", "2", "--save-dtype", "fp32",
-                 "--no-progress", *FAST, *extra])
+# the levers' tiny 6-layer pair and its data, and their 2-step training command
+from test_training_levers import _train, setup as pair  # noqa: E402,F401
 
 
 def test_grow_from_trains_round_trips_and_decodes_losslessly(pair, tmp_path, capsys):
