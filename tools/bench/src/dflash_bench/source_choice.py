@@ -32,7 +32,7 @@ import torch
 from tqdm import tqdm
 
 from dflash_core.autoregressive import generate_autoregressive
-from dflash_core.context_lookup import lookup_continuation
+from dflash_core.context_lookup import NgramIndex
 from dflash_core.draft_length import VerifyCostTable
 from dflash_core.draft_vocab import read_out_for
 
@@ -63,15 +63,17 @@ def position_acceptance(target, drafter, prompt: list[int], output: list[int]) -
     features = target(torch.tensor([tokens], device=device), torch.arange(len(tokens), device=device)[None]).features
     read_out = read_out_for(drafter, target)
     drafted, looked, copies = [], [], []
+    history = NgramIndex(tokens[: len(prompt) + 1])  # the decoder's lookup index, one token added per position
     for p in range(len(prompt), len(tokens)):
         truth = tokens[p + 1 : p + block]
         noise = target.embed(torch.tensor([[tokens[p]] + [mask] * (block - 1)], device=device))
         positions = torch.arange(p + block, device=device)[None]  # context 0..p-1, then the block p..p+B-1
         hidden = drafter(noise, features[:, :p], positions)
         drafted.append(_accepted(read_out(hidden[:, 1:])[0].tolist(), truth))
-        copy = lookup_continuation(tokens[: p + 1], block - 1)
+        copy = history.continuation(block - 1)
         looked.append(_accepted(copy, truth))
         copies.append(len(copy))
+        history.extend(tokens[p + 1 : p + 2])
     return PositionAcceptance(len(output), drafted, looked, copies)
 
 
