@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dflash_core.draft_length import DraftLengthPolicy, VerifyCostTable, measure_cost_table
+import json
+
+from dflash_core import draft_length
+from dflash_core.draft_length import (COST_FILE, DraftLengthPolicy, VerifyCostTable, cost_table_for, measure_cost_table,
+                                      spot_times, table_fits)
+from dflash_core.target import TargetModel
 from tiny import drafter_config, tiny_drafter, tiny_target
 
 # verify over 1..4 tokens; the 4-token forward is a step up (as at a kernel tile boundary)
@@ -120,6 +125,76 @@ def test_measure_cost_table_on_tiny_models():
     assert table.draft_s >= 0 and table.head_s >= 0 and table.draft_s + table.head_s > 0
     assert list(table.seconds) == sorted(table.seconds)  # more tokens never cost less
     assert DraftLengthPolicy(table).choose() in range(4)
+
+
+def test_table_fits_hand_computed():
+    table = VerifyCostTable(seconds=(1.0, 1.1, 1.2), draft_s=0.3)  # whole block 1.2x one token
+    assert table_fits(table, 1.0, 1.2) and table_fits(table, 1.2, 1.44)  # slower by 1.2x, same shape
+    assert not table_fits(table, 1.3, 1.56)  # both 1.3x slower: past the 1.25x tolerance
+    assert not table_fits(table, 1.0, 0.95)  # whole block 0.79x
+    assert not table_fits(table, 0.85, 1.3)  # each time within 1.25x, the shape (1.53x vs 1.2x) not
+    assert table_fits(table, 1.3, 1.56, tolerance=1.5)
+
+
+def _tiny_pair():
+    model = tiny_target(vocab=32, layers=2)
+    drafter = tiny_drafter(drafter_config(model, block_size=4))
+    return TargetModel(model, drafter.config.target_layer_ids), drafter
+
+
+def _stored(cache_dir) -> tuple[str, VerifyCostTable]:
+    (key, entry), = json.loads((cache_dir / COST_FILE).read_text()).items()
+    return key, VerifyCostTable.from_dict(entry)
+
+
+def _plant(cache_dir, key: str, table: VerifyCostTable) -> None:
+    (cache_dir / COST_FILE).write_text(json.dumps({key: table.to_dict()}))
+
+
+def _refuse(*_):
+    raise AssertionError("no cached table: nothing to spot-check")
+
+
+def test_cost_table_cache_is_kept_while_spot_times_agree(tmp_path, monkeypatch):
+    target, drafter = _tiny_pair()
+    monkeypatch.setattr(draft_length, "_MEASURED", {})
+    measured = cost_table_for(target, drafter, cache_dir=tmp_path, spot=_refuse)  # no cache: measured, written
+    key, stored = _stored(tmp_path)
+    assert stored == measured and measured.block_size == 4
+    planted = VerifyCostTable(seconds=(1.0, 1.1, 1.2, 1.3), draft_s=0.5)  # no real forward takes a second
+    _plant(tmp_path, key, planted)
+    monkeypatch.setattr(draft_length, "_MEASURED", {})
+    spots = []
+    agree = lambda *args: spots.append(args[2]) or (1.1, 1.4)  # within 1.25x of the planted table
+    assert cost_table_for(target, drafter, cache_dir=tmp_path, spot=agree) == planted
+    assert spots == [4] and _stored(tmp_path)[1] == planted
+    assert cost_table_for(target, drafter, cache_dir=tmp_path, spot=_refuse) == planted  # once per process
+
+
+def test_cost_table_cache_measured_on_a_busy_machine_is_replaced(tmp_path, monkeypatch):
+    target, drafter = _tiny_pair()
+    monkeypatch.setattr(draft_length, "_MEASURED", {})
+    cost_table_for(target, drafter, cache_dir=tmp_path)
+    key, _ = _stored(tmp_path)
+    busy = VerifyCostTable(seconds=(5.0, 5.5, 5.5, 5.5), draft_s=1.0)  # slow and flat: a loaded machine's
+    _plant(tmp_path, key, busy)
+    monkeypatch.setattr(draft_length, "_MEASURED", {})
+    table = cost_table_for(target, drafter, cache_dir=tmp_path)  # real spot times: seconds faster
+    assert table != busy and table.seconds[-1] < 1.0 and _stored(tmp_path)[1] == table
+
+
+def test_cost_table_measured_while_busy_now_is_used_but_not_cached(tmp_path, monkeypatch):
+    target, drafter = _tiny_pair()
+    monkeypatch.setattr(draft_length, "_MEASURED", {})
+    cost_table_for(target, drafter, cache_dir=tmp_path)
+    key, _ = _stored(tmp_path)
+    rested = VerifyCostTable(seconds=(1e-9, 2e-9, 3e-9, 4e-9), draft_s=1e-9)  # faster than any real forward
+    _plant(tmp_path, key, rested)
+    monkeypatch.setattr(draft_length, "_MEASURED", {})
+    table = cost_table_for(target, drafter, cache_dir=tmp_path)
+    assert table.seconds[0] > 1e-6 and _stored(tmp_path)[1] == rested  # this process's own, the file kept
+    one, full = spot_times(target, drafter, 4, context=8, repeats=1)
+    assert 0 < one and 0 < full
 
 
 @pytest.mark.parametrize("rows_accepting, again", [(1, False), (8, True), (16, True)])

@@ -57,6 +57,7 @@ PRIOR = (2.0, 1.0)  # Beta(accepted, rejected) pseudo-counts per draft position:
 IDLE_MEMORY = 0.98  # evidence kept per plain step: rejections seen 35 plain steps ago weigh half
 MIN_PRIOR_WEIGHT = 0.05  # the prior never fades below 0.15 pseudo-counts (keeps unreached positions defined)
 EXPLORE_SHARE = 0.05  # retries while settled on k = 0 may cost this share of the plain steps' time
+SPOT_TOLERANCE = 1.25  # a cached cost table is kept while spot times taken now are within this factor of it
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,59 @@ class VerifyCostTable:
                 from None
 
 
+class _StepTimer:
+    """The pair after a cached context of `context` random tokens, ready to time a verify forward over q
+    new tokens (then back to the context) and a drafting step (on a drafter context made by `fresh_context`)."""
+
+    def __init__(self, target, drafter, block_size: int, context: int) -> None:
+        if not 1 <= block_size <= drafter.config.block_size:
+            raise ValueError(f"block_size {block_size} is outside 1..{drafter.config.block_size} (the drafter's block)")
+        if context < 1:
+            raise ValueError(f"context must be >= 1, got {context}")
+        model = target.model if isinstance(target, TargetModel) else target
+        self.target = TargetModel(model, drafter.config.target_layer_ids)  # features the drafter reads
+        self.drafter, self.context, self.device = drafter, context, self.target.device
+        generator = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(0, self.target.vocab_size, (1, context + block_size), generator=generator).to(self.device)
+        self.positions = torch.arange(context + block_size, device=self.device)[None]  # [1, C + B]
+        self.cache = DynamicCache()
+        self.out = self.target(self.ids[:, :context], self.positions[:, :context], self.cache)
+        masks = torch.full((1, block_size - 1), drafter.config.mask_token_id, dtype=torch.long, device=self.device)
+        self.noise = self.target.embed(torch.cat([self.ids[:, context - 1 : context], masks], dim=1))  # [1, B, H]
+        self.read_out = read_out_for(drafter, self.target)
+        self.dcache = None
+
+    def verify(self, q: int) -> None:
+        c = self.context
+        hidden = self.target(self.ids[:, c : c + q], self.positions[:, c : c + q], self.cache).hidden
+        self.target.logits(hidden).argmax(dim=-1)  # [1, q]: the verify step's target choices
+        truncate_cache(self.cache, c)  # back to the context
+
+    def fresh_context(self) -> None:
+        c = self.context
+        self.dcache = self.drafter.new_cache(1, c + 2)  # a round's two draft() calls inject 1 token each
+        self.drafter.extend_cache(self.dcache, self.out.features, self.positions[:, :c], [c])
+
+    def draft(self, k: int) -> None:
+        c = self.context
+        self.drafter.propose(self.dcache, self.noise, self.positions[:, c:], self.read_out, k)  # [1, k] drafts
+        self.drafter.extend_cache(self.dcache, self.out.features[:, -1:], self.positions[:, c - 1 : c], [1])
+
+    def fastest(self, items: list, repeats: int) -> list[float]:
+        """Each (function, argument) item timed once per round, in `repeats` interleaved rounds after a
+        warm-up round, keeping its fastest time; each round starts the drafter's context afresh."""
+        best = [math.inf] * len(items)
+        for round_ in range(repeats + 1):  # round 0 warms up
+            self.fresh_context()
+            for i, (run, arg) in enumerate(items):
+                started = time.perf_counter()
+                run(arg)
+                sync_device(self.device)
+                if round_:
+                    best[i] = min(best[i], time.perf_counter() - started)
+        return best
+
+
 @torch.inference_mode()
 def measure_cost_table(target, drafter, block_size: int, *, context: int = 64, repeats: int = 5) -> VerifyCostTable:
     """Times of the target verify forward for q = 1..block_size and of one drafting step.
@@ -139,54 +193,36 @@ def measure_cost_table(target, drafter, block_size: int, *, context: int = 64, r
     pass, and a table timed over ever-growing contexts read a drafting step at 0.36-0.56 target
     tokens from one run to the next; timed this way, 0.36-0.38.)
     """
-    if not 1 <= block_size <= drafter.config.block_size:
-        raise ValueError(f"block_size {block_size} is outside 1..{drafter.config.block_size} (the drafter's block)")
-    if context < 1 or repeats < 1:
-        raise ValueError(f"context and repeats must be >= 1, got {context} and {repeats}")
-    model = target.model if isinstance(target, TargetModel) else target
-    target = TargetModel(model, drafter.config.target_layer_ids)  # features the drafter reads
-    device = target.device
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, target.vocab_size, (1, context + block_size), generator=generator).to(device)
-    positions = torch.arange(context + block_size, device=device)[None]  # [1, C + B]
-    cache = DynamicCache()
-    out = target(ids[:, :context], positions[:, :context], cache)
-    dcache = None  # the drafter's context, made afresh each round (see above)
-    masks = torch.full((1, block_size - 1), drafter.config.mask_token_id, dtype=torch.long, device=device)
-    noise = target.embed(torch.cat([ids[:, context - 1 : context], masks], dim=1))  # [1, B, H]
-
-    def verify(q: int) -> None:
-        hidden = target(ids[:, context : context + q], positions[:, context : context + q], cache).hidden
-        target.logits(hidden).argmax(dim=-1)  # [1, q]: the verify step's target choices
-        truncate_cache(cache, context)  # back to the context
-
-    def fresh_context():
-        cache = drafter.new_cache(1, context + 2)  # the round's two draft() calls inject 1 token each
-        drafter.extend_cache(cache, out.features, positions[:, :context], [context])
-        return cache
-
-    read_out = read_out_for(drafter, target)
-
-    def draft(k: int) -> None:
-        drafter.propose(dcache, noise, positions[:, context:], read_out, k)  # [1, k] drafts
-        drafter.extend_cache(dcache, out.features[:, -1:], positions[:, context - 1 : context], [1])
-
-    items = [(verify, q) for q in range(1, block_size + 1)] + [(draft, 1), (draft, max(1, block_size - 1))]
-    best = [math.inf] * len(items)
-    for round_ in range(repeats + 1):  # round 0 warms up
-        dcache = fresh_context()
-        for i, (run, arg) in enumerate(items):
-            started = time.perf_counter()
-            run(arg)
-            sync_device(device)
-            if round_:
-                best[i] = min(best[i], time.perf_counter() - started)
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    timer = _StepTimer(target, drafter, block_size, context)
+    items = [(timer.verify, q) for q in range(1, block_size + 1)]
+    best = timer.fastest(items + [(timer.draft, 1), (timer.draft, max(1, block_size - 1))], repeats)
     seconds = best[:block_size]
     for q in range(1, block_size):  # more tokens never cost less
         seconds[q] = max(seconds[q], seconds[q - 1])
     one, full = best[block_size], best[block_size + 1]
     head_s = max(0.0, (full - one) / (block_size - 2)) if block_size > 2 else 0.0
     return VerifyCostTable(seconds=tuple(seconds), draft_s=max(0.0, one - head_s), head_s=head_s)
+
+
+@torch.inference_mode()
+def spot_times(target, drafter, block_size: int, *, context: int = 64, repeats: int = 3) -> tuple[float, float]:
+    """(seconds of a verify forward over 1 token, over `block_size` tokens), timed now as the table is:
+    the check that a cached table still describes this machine (a few forwards, not the whole table)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    timer = _StepTimer(target, drafter, block_size, context)
+    one, full = timer.fastest([(timer.verify, 1), (timer.verify, block_size)], repeats)
+    return one, full
+
+
+def table_fits(table: VerifyCostTable, one: float, full: float, *, tolerance: float = SPOT_TOLERANCE) -> bool:
+    """Whether spot times taken now (`spot_times`) agree with a table: the one-token and whole-block
+    verify each within `tolerance` times (either way) of the table's, and so is their ratio (the shape
+    the draft length is chosen from)."""
+    pairs = ((one, table.seconds[0]), (full, table.seconds[-1]), (full / one, table.relative()[-1]))
+    return all(1.0 / tolerance <= now / then <= tolerance for now, then in pairs)
 
 
 class DraftLengthPolicy:
@@ -330,11 +366,17 @@ COST_METHOD = 2  # in the cache key: tables measured by an earlier `measure_cost
 _MEASURED: dict[tuple, VerifyCostTable] = {}
 
 
-def cost_table_for(target: TargetModel, drafter, *, cache_dir=None) -> VerifyCostTable:
+def cost_table_for(target: TargetModel, drafter, *, cache_dir=None, spot=spot_times) -> VerifyCostTable:
     """The pair's cost table: from this process, else the user's cache directory, else measured now.
 
     Keyed by machine (CPU and ISA flags or GPU, torch, threads), target config, dtype, device and
     the drafter's config, backend and read-out vocabulary size. A few seconds on the demo pair the first time.
+    A cached table is first checked against `spot(target, drafter, block)` (one- and whole-block verify
+    times now, a few forwards): the key cannot see how busy the machine was when the table was measured
+    (one measured beside a training run read every width 2..16 at 1.10x one token, against ~1.22x). When
+    they disagree (`table_fits`) the table is measured again and used; it replaces the cached one only if
+    its one-token verify is faster (the machine is quieter now than then), so a busy moment never
+    overwrites a table measured at rest.
     """
     from .auto_dtype import default_cache_dir, machine_key, model_key, read_cache, write_cache
     from .dtypes import short_name
@@ -349,10 +391,15 @@ def cost_table_for(target: TargetModel, drafter, *, cache_dir=None) -> VerifyCos
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     stored = read_cache(cache_dir, COST_FILE)
     try:
-        table = VerifyCostTable.from_dict(stored[key])
+        cached = VerifyCostTable.from_dict(stored[key])
     except (KeyError, ValueError, TypeError, AttributeError):
+        cached = None
+    if cached is not None and cached.block_size == block and table_fits(cached, *spot(target, drafter, block)):
+        table = cached
+    else:
         table = measure_cost_table(target, drafter, block)
-        stored[key] = table.to_dict()
-        write_cache(cache_dir, stored, COST_FILE)
+        if cached is None or cached.block_size != block or table.seconds[0] < cached.seconds[0]:
+            stored[key] = table.to_dict()
+            write_cache(cache_dir, stored, COST_FILE)
     _MEASURED[key] = table
     return table
