@@ -51,16 +51,20 @@ def _pyplot():
 
 
 def plot_lines(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, tuple[list, list]],
-               hline: float | None = None) -> None:
+               hline: float | None = None, *, dashed: Sequence[str] = (), logx: bool = False) -> None:
+    """One line per series, measured points marked; `dashed` series (fits, predictions) drawn unmarked."""
     plt = _pyplot()
     if plt is None:
         return
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
     for label, (xs, ys) in series.items():
-        ax.plot(xs, ys, marker="o", label=label)
+        style = {"linestyle": "--"} if label in dashed else {"marker": "o"}
+        ax.plot(xs, ys, label=label, **style)
     if hline is not None:
         ax.axhline(hline, color="grey", linestyle="--", linewidth=1)
+    if logx:
+        ax.set_xscale("log")
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
