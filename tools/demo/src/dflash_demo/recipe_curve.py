@@ -52,13 +52,13 @@ class Fit:
         return self.a + self.b * (math.log(steps) if self.kind == "log-linear" else steps)
 
     def steps_to(self, goal: float) -> float | None:
-        """Cumulative steps at which the fit reaches `goal`; None when it never does (slope <= 0)."""
+        """Cumulative steps at which the fit reaches `goal`; None when it does not (slope <= 0, or past 1e304)."""
         if self.b <= 0:
             return None
         x = (goal - self.a) / self.b
         if self.kind == "linear":
             return x
-        return math.exp(x) if x < 700 else math.inf
+        return math.exp(x) if x < 700 else None
 
 
 def read_stages(path: Path) -> list[Stage]:
@@ -122,7 +122,7 @@ def predictions(fits: Sequence[Fit], last: Stage, goals: Sequence[float]) -> lis
     for fit in fits:
         for goal in goals:
             steps = fit.steps_to(goal)
-            more = None if steps is None or math.isinf(steps) else max(0, math.ceil((steps - last.total_steps) / last.steps))
+            more = None if steps is None else max(0, math.ceil((steps - last.total_steps) / last.steps))
             rows.append({"fit": fit.kind, "goal": goal, "total_steps": None if more is None else round(steps),
                          "more_stages": more, "more_train_hours": None if more is None else round(more * last.minutes / 60, 1)})
     return rows
@@ -141,10 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m dflash_demo.recipe_curve " + " ".join(sys.argv[1:] if argv is None else argv)
     try:
         goals = [float(g) for g in args.goals.split(",")]
+    except ValueError:
+        raise SystemExit(f"error: --goals {args.goals!r}: expected comma-separated numbers") from None
+    try:
         stages = read_stages(args.stages)
-    except ValueError as error:  # DataError is a ValueError
-        raise SystemExit(f"error: {error}" if isinstance(error, DataError) else f"error: --goals {args.goals!r}: "
-                         "expected comma-separated numbers") from None
+    except DataError as error:
+        raise SystemExit(f"error: {error}") from None
     names = [s.name for s in stages]
     if args.fit_from not in names:
         raise SystemExit(f"error: --fit-from {args.fit_from!r} is not a stage of {args.stages} ({', '.join(names)})")
@@ -161,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
              f"{'ln S' if f.kind == 'log-linear' else 'S'} (R^2 {f.r2:.3f})" for f in fits]
     notes += [f"{p['fit']}: tau {p['goal']:g} at S = {p['total_steps']:,}, {p['more_stages']} more {stages[-1].steps}-step "
               f"stages, {p['more_train_hours']} h of training at {stages[-1].minutes:g} min per stage"
-              if p["total_steps"] is not None else f"{p['fit']}: tau {p['goal']:g} never (slope <= 0)" for p in predicted]
+              if p["total_steps"] is not None else f"{p['fit']}: tau {p['goal']:g} not within reach of this fit" for p in predicted]
     write_report(args.out, args.name, title="Held-out tau after each stage of the demo recipe, fitted",
                  command=command, columns=columns, rows=rows,
                  data={"stages": [s.__dict__ for s in stages], "fit_from": args.fit_from,
