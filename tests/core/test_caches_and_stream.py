@@ -57,7 +57,8 @@ def test_stream_yields_exactly_what_generate_returns():
         steps += 1
         for row, tokens in enumerate(chunk):
             pieces[row].extend(tokens)
-    expected = generate(model, drafter, ids, max_new_tokens=25)
+    # a drafter of the same weights: its acceptance history starts as empty as the stream's did
+    expected = generate(model, tiny_drafter(drafter_config(model, block_size=6), seed=4), ids, max_new_tokens=25)
     assert pieces == expected.tokens == stream.result.tokens
     assert steps == 1 + max(len(a) for a in expected.acceptance_lengths)
     assert stream.result.acceptance_lengths == expected.acceptance_lengths

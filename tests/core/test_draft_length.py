@@ -7,8 +7,9 @@ import torch
 import json
 
 from dflash_core import draft_length
-from dflash_core.draft_length import (COST_FILE, DraftLengthPolicy, VerifyCostTable, cost_table_for, measure_cost_table,
-                                      spot_times, table_is_stale)
+from dflash_core.draft_length import (COST_FILE, AcceptanceHistory, DraftLengthPolicy, VerifyCostTable, cost_table_for,
+                                      history_for, measure_cost_table, spot_times, table_is_stale)
+from dflash_core.sampling import SamplingParams
 from dflash_core.target import TargetModel
 from tiny import drafter_config, tiny_drafter, tiny_target
 
@@ -33,6 +34,51 @@ def test_drafter_that_never_accepts_ends_in_plain_steps():
     assert chosen[3:5] == [0, 0]  # three rejected steps are enough
     # retries cost <= 5% of the plain steps' time: here 0.4-0.6 extra each, so one per 8-12 plain steps
     assert 1 <= sum(k > 0 for k in chosen[3:]) <= 3
+
+
+def test_acceptance_history_pools_rows_and_shrinks_each_position_towards_the_one_before_hand_computed():
+    history = AcceptanceHistory(3, memory=1.0)
+    assert history.priors() is None  # no evidence: a policy keeps the Beta(2, 1) start
+    for _ in range(3):
+        history.record(2, 0)  # draft 1 verified and rejected
+    history.record(0, 0)  # a plain step says nothing
+    assert history.reached == [3.0, 0.0, 0.0] and history.accepted == [0.0, 0.0, 0.0]
+    assert history.priors() == pytest.approx((1 / 3, 1 / 3, 1 / 3))  # (0 + 3 * 2/3) / (3 + 3), then no evidence
+    history.record(3, 3)
+    assert history.reached == [4.0, 1.0, 1.0] and history.accepted == [1.0, 1.0, 1.0]
+    p1 = (1 + 2) / (4 + 3)
+    p2 = (1 + 3 * p1) / (1 + 3)
+    assert history.priors() == pytest.approx((p1, p2, (1 + 3 * p2) / 4))
+
+
+@pytest.mark.parametrize("accept, first", [(lambda k: 0, 0), (lambda k: k, 3)])
+def test_a_request_starts_from_what_earlier_requests_saw(accept, first):
+    table = VerifyCostTable(seconds=(1.0, 1.1, 1.2, 1.3), draft_s=0.3)
+    history = AcceptanceHistory(3)
+    earlier = DraftLengthPolicy(table, history=history)
+    for _ in range(10):
+        earlier.observe(3, accept(3))
+    assert DraftLengthPolicy(table).choose() == 3  # without a history: the optimistic start drafts
+    assert DraftLengthPolicy(table, history=history).choose() == first  # never kept: plain steps from the start
+
+
+def test_greedy_decoding_keeps_a_history_per_drafter_and_source_and_stays_lossless():
+    from dflash_core.decoding import generate
+
+    target, drafter = _tiny_pair()
+    ids = torch.tensor([[3, 5, 7, 9, 11]])
+    plain = generate(target, drafter, ids, max_new_tokens=16, draft_length=0).tokens
+    assert generate(target, drafter, ids, max_new_tokens=16).tokens == plain
+    greedy = history_for(drafter)
+    assert greedy.reached[0] > 0  # the drafter drafted, and what it got is kept for the next request
+    assert generate(target, drafter, ids, max_new_tokens=16).tokens == plain  # the next starts from it
+    assert history_for(drafter) is greedy and history_for(drafter, "lookup") is not greedy
+    # a sampling request neither reads nor writes it: its seed must reproduce its sample whatever ran before
+    seen = list(greedy.reached)
+    sampled = [generate(target, drafter, ids, max_new_tokens=16, temperature=1.0, seed=5).tokens for _ in range(2)]
+    assert sampled[0] == sampled[1] and greedy.reached == seen
+    other = tiny_drafter(drafter_config(tiny_target(vocab=32, layers=2), block_size=4))
+    assert history_for(other).reached == [0.0] * 3
 
 
 def test_drafter_that_always_accepts_uses_the_whole_block_on_a_flat_table():
@@ -127,6 +173,17 @@ def test_measure_cost_table_on_tiny_models():
     assert DraftLengthPolicy(table).choose() in range(4)
 
 
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9, top_k=5)])
+def test_measure_cost_table_for_sampling_requests_on_tiny_models(sampling):
+    model = tiny_target(vocab=32, layers=2)
+    drafter = tiny_drafter(drafter_config(model, block_size=4))
+    table = measure_cost_table(model, drafter, 4, context=8, repeats=1, sampling=sampling)  # draws, q, rejection test
+    assert table.block_size == 4 and all(s > 0 for s in table.seconds) and list(table.seconds) == sorted(table.seconds)
+    assert table.draft_s >= 0 and table.head_s >= 0 and table.draft_s + table.head_s > 0
+    one, full = spot_times(model, drafter, 4, context=8, repeats=1, sampling=sampling)
+    assert 0 < one and 0 < full
+
+
 def test_table_is_stale_only_when_now_is_clearly_faster_hand_computed():
     table = VerifyCostTable(seconds=(1.0, 1.1, 1.2), draft_s=0.3)
     assert not table_is_stale(table, 1.0, 1.2) and not table_is_stale(table, 0.81, 0.97)  # within 1.25x
@@ -168,6 +225,47 @@ def test_cost_table_cache_is_kept_while_spot_times_agree(tmp_path, monkeypatch):
     assert cost_table_for(target, drafter, cache_dir=tmp_path, spot=agree) == planted
     assert spots == [4] and _stored(tmp_path)[1] == planted
     assert cost_table_for(target, drafter, cache_dir=tmp_path, spot=_refuse) == planted  # once per process
+
+
+def test_sampling_requests_are_costed_by_their_own_tables(tmp_path, monkeypatch):
+    target, drafter = _tiny_pair()
+    monkeypatch.setattr(draft_length, "_MEASURED", {})
+    greedy = cost_table_for(target, drafter, cache_dir=tmp_path, spot=_refuse)
+    sampled = cost_table_for(target, drafter, sampling=SamplingParams(temperature=1.0), cache_dir=tmp_path, spot=_refuse)
+    nucleus = cost_table_for(target, drafter, sampling=SamplingParams(temperature=1.0, top_p=0.9), cache_dir=tmp_path,
+                             spot=_refuse)
+    keys = list(json.loads((tmp_path / COST_FILE).read_text()))
+    assert len(keys) == 3 and "choice=" not in keys[0]  # greedy keeps the key tables had before
+    assert keys[1] == keys[0] + "|choice=sample" and keys[2] == keys[0] + "|choice=sample+top_p"
+    # the temperature's value costs nothing: T=0.5 is served T=1's table; T=0 is greedy
+    assert cost_table_for(target, drafter, sampling=SamplingParams(temperature=0.5), cache_dir=tmp_path,
+                          spot=_refuse) is sampled
+    assert cost_table_for(target, drafter, sampling=SamplingParams(), cache_dir=tmp_path, spot=_refuse) is greedy
+    assert nucleus is not sampled
+    # a cached sampled table is spot-checked the way it was measured: sampling too
+    planted = VerifyCostTable(seconds=(1.0, 1.1, 1.2, 1.3), draft_s=0.5)
+    _plant(tmp_path, keys[1], planted)
+    monkeypatch.setattr(draft_length, "_MEASURED", {})
+    spots = []
+    agree = lambda *args, **kwargs: spots.append(kwargs) or (0.9, 1.2)
+    assert cost_table_for(target, drafter, sampling=SamplingParams(temperature=1.0), cache_dir=tmp_path,
+                          spot=agree) == planted
+    assert spots == [{"sampling": SamplingParams(temperature=1.0)}]
+
+
+def test_auto_draft_length_costs_a_sampling_request_by_the_sampled_table_and_stays_exact(tmp_path, monkeypatch):
+    from dflash_core.decoding import generate
+
+    target, drafter = _tiny_pair()
+    monkeypatch.setattr(draft_length, "_MEASURED", {})
+    monkeypatch.setenv("DFLASH_CACHE_DIR", str(tmp_path))
+    ids = torch.tensor([[3, 5, 7, 9, 11]])
+    sampled = generate(target, drafter, ids, max_new_tokens=12, temperature=1.0, seed=4)
+    assert [key.endswith("|choice=sample") for key in json.loads((tmp_path / COST_FILE).read_text())] == [True]
+    assert len(sampled.tokens[0]) == 12  # the distribution's exactness: tests/core/test_sampling_lossless.py
+    greedy = generate(target, drafter, ids, max_new_tokens=12)
+    assert greedy.tokens == generate(target, drafter, ids, max_new_tokens=12, draft_length=0).tokens
+    assert len(json.loads((tmp_path / COST_FILE).read_text())) == 2  # greedy: its own table
 
 
 def test_cost_table_cache_measured_on_a_busy_machine_is_replaced(tmp_path, monkeypatch):

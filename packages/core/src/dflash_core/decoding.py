@@ -30,7 +30,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from .context_lookup import NgramIndex, free_drafting
-from .draft_length import DraftLengthPolicy, cost_table_for
+from .draft_length import DraftLengthPolicy, cost_table_for, history_for
 from .draft_sampling import DraftSampler, speculative_accept
 from .draft_vocab import read_out_for
 from .drafter_backend import DrafterBackend
@@ -140,16 +140,19 @@ def generate_stream(target, drafter: DrafterBackend, input_ids: torch.Tensor, *,
     prompts = split_prompts(input_ids, attention_mask)
     check_request(target, prompts, max_new_tokens)
     generator = make_generator(params, seed, target.device)
-    policy = _draft_length_policy(draft_length, target, drafter)
+    policy = _draft_length_policy(draft_length, target, drafter, params)
     lookup = None
     if context_lookup and isinstance(policy, DraftLengthPolicy):
-        lookup = DraftLengthPolicy(free_drafting(policy.costs), policy.block_size)
+        history = history_for(drafter, "lookup") if policy.history is not None else None
+        lookup = DraftLengthPolicy(free_drafting(policy.costs), policy.block_size, history=history)
     return DecodeStream(_Decoder(target, drafter, prompts, max_new_tokens, params, frozenset(stop_token_ids or ()),
                                  generator, policy, profile, lookup))
 
 
-def _draft_length_policy(draft_length: int | str | DraftLengthPolicy, target: TargetModel, drafter: DrafterBackend):
-    """A DraftLengthPolicy for "auto" (or the caller's own policy), else the fixed k, checked against the block."""
+def _draft_length_policy(draft_length: int | str | DraftLengthPolicy, target: TargetModel, drafter: DrafterBackend,
+                         params: SamplingParams):
+    """A DraftLengthPolicy for "auto" (or the caller's own policy), else the fixed k, checked against the block.
+    "auto" costs steps as this request pays them: a sampling request's table includes drawing and testing."""
     block = drafter.config.block_size
     if isinstance(draft_length, DraftLengthPolicy):
         if draft_length.block_size != block:
@@ -157,7 +160,10 @@ def _draft_length_policy(draft_length: int | str | DraftLengthPolicy, target: Ta
                                   f"the drafter's block is {block}.")
         return draft_length
     if draft_length == "auto":
-        return DraftLengthPolicy(cost_table_for(target, drafter), block)
+        # greedy requests start from what earlier ones saw (k never changes a greedy output); a sampling
+        # request does not: which tokens its seed draws depends on k, and a seed must reproduce its sample
+        history = history_for(drafter) if params.greedy else None
+        return DraftLengthPolicy(cost_table_for(target, drafter, sampling=params), block, history=history)
     if isinstance(draft_length, bool) or not isinstance(draft_length, int) or not 0 <= draft_length < block:
         raise GenerationError(f"draft_length is {draft_length!r}, expected 'auto' or an integer in [0, {block - 1}] "
                               f"(the drafter's block is {block}).")
