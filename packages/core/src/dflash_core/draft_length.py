@@ -10,7 +10,7 @@ Cost model (one decode step; B = block size; k = drafts verified, 0 <= k <= B-1)
 drafter pass over the block) and `head_s` (the target's LM head over one more draft position: the
 drafter reads out only the k drafts that will be verified, and for a small model with a large
 vocabulary that head is most of the drafting cost) come from a `VerifyCostTable` measured once on
-the machine. A batch of r rows
+the machine (a sampling request's own, measured drawing and testing as it decodes). A batch of r rows
 verifying k+1 tokens each is costed as one forward over r*(k+1) tokens (the table extended
 linearly past B), the drafter pass scaled the same way.
 
@@ -179,8 +179,9 @@ class _StepTimer:
     def draft(self, k: int) -> None:
         c = self.context
         drafts = self.drafter.propose(self.dcache, self.noise, self.positions[:, c:], self.read_out, k)  # [1, k]
-        if self.sampling is not None:  # the rejection test of sampled drafts is drafting's cost too
-            speculative_accept(drafts, self.read_out.take(), self.target_probs[:, : k + 1], self.generator)
+        probs = self.read_out.take() if self.sampling is not None else None  # None: a backend read out greedily
+        if probs is not None:  # the rejection test of sampled drafts is drafting's cost too
+            speculative_accept(drafts, probs, self.target_probs[:, : k + 1], self.generator)
         self.drafter.extend_cache(self.dcache, self.out.features[:, -1:], self.positions[:, c - 1 : c], [1])
 
     def fastest(self, items: list, repeats: int) -> list[float]:
