@@ -25,6 +25,7 @@ from dflash_core.draft_length import cost_table_for
 from dflash_core.dtypes import short_name
 from dflash_core.errors import DFlashError
 from dflash_core.loading import Pair, encode_prompt, load_pair, stop_token_ids
+from dflash_core.sampling import SamplingParams
 from dflash_core.training.data import read_prompts
 
 from .ceiling import acceptance_by_position, ceiling_speedup
@@ -153,7 +154,7 @@ def summarize(comparison: Comparison) -> list[dict]:
     return rows
 
 
-def add_ceiling(rows: list[dict], comparison: Comparison, pair: Pair) -> None:
+def add_ceiling(rows: list[dict], comparison: Comparison, pair: Pair, settings: DecodeSettings) -> None:
     """On the dflash rows: the cost model's ceiling for dflash_full's acceptance and the share reached.
 
     It is the drafter's ceiling: `dflash_drafter` (the drafter its only source) is bounded by it, `dflash`
@@ -163,14 +164,15 @@ def add_ceiling(rows: list[dict], comparison: Comparison, pair: Pair) -> None:
     c_j = max_k E(k) T(0) / T(k); over all batches, the time-weighted ceiling sum(n_j) / sum(n_j / c_j)
     (n_j: tokens of batch j), i.e. a loop that knew each prompt's acceptance and always verified its best
     k. Needs both methods in the comparison; the cost table is the one `generate`'s draft-length policy
-    used (`cost_table_for`, cached per machine and pair).
+    used (`cost_table_for`, cached per machine, pair and way of choosing tokens).
     """
     full = comparison.runs.get("dflash_full")
     measured = [r for r in rows if r["method"] in ("dflash", "dflash_drafter") and "n/a" not in r]
     if not full or not measured:
         return
     block = pair.drafter.config.block_size
-    costs = cost_table_for(as_target(pair.target, pair.drafter), pair.drafter)
+    sampling = SamplingParams(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k)
+    costs = cost_table_for(as_target(pair.target, pair.drafter), pair.drafter, sampling=sampling)
     tokens, ceiling_time, per_batch = 0, 0.0, []
     for run in full:
         acceptance = acceptance_by_position(run.acceptance_lengths, block)
@@ -240,7 +242,7 @@ def measure_pair(spec: PairSpec, texts: Sequence[str], *, methods: Sequence[str]
         comparison = compare(pair, prompt_ids, settings, methods=methods, batch_size=b, runners=runners,
                              label=f"{spec.label} {dtype} T={temperature:g} batch {b}", repeats=repeats)
         summary = summarize(comparison)
-        add_ceiling(summary, comparison, pair)
+        add_ceiling(summary, comparison, pair, settings)
         rows += [row | {"dtype": dtype} for row in summary]
         mismatches += comparison.mismatches
     strict = pair.target.model.dtype == torch.float32
