@@ -48,6 +48,25 @@ def test_stream_prints_the_same_text(pair, capsys):
     assert streamed.rstrip("\n") == json.loads(out)["text"]
 
 
+
+def test_drafter_weights_flag_is_passed_on_and_checked(pair, capsys):
+    target, drafter = pair
+    args = ["generate", "--target", str(target), "--drafter", str(drafter), "--prompt", "def main(",
+            "--max-new-tokens", "16", "--dtype", "fp32", "--compare-ar", "--json"]
+    outputs = {}
+    for weights in ("plain", "fp16-packed"):
+        code, out, err = _run(capsys, *args, "--drafter-weights", weights)
+        if code != 0 and "need an fp32 drafter on a CPU" in err:  # a machine without FBGEMM's fp16 kernel
+            continue
+        assert code == 0, err
+        report = json.loads(out)
+        assert report["matches_ar"] is True, weights
+        outputs[weights] = report["tokens"]
+        assert ("note: drafter weights fp16-packed" in err) == (weights == "fp16-packed"), err
+    assert len(set(map(tuple, outputs.values()))) == 1  # lossless either way: the target's own tokens
+    code, _, err = _run(capsys, *args, "--drafter-weights", "int8")
+    assert code == 2 and "argument --drafter-weights: invalid choice: 'int8'" in err
+
 def test_sampling_and_bf16(pair, capsys):
     target, drafter = pair
     code, out, err = _run(capsys, "generate", "--target", str(target), "--drafter", str(drafter), "--prompt", "x = ",
@@ -111,4 +130,5 @@ def test_demo_streams_and_measures_side_by_side(tmp_path, capsys):
     assert out.startswith("import os\n")
     assert "this prompt: " in err and "identical to target alone: yes" in err
     assert "3 held-out prompts: tau" in err and "identical to target alone: 3/3" in err
-    assert "note:" not in err  # fp32: nothing to explain
+    notes = [line for line in err.splitlines() if line.startswith("note:")]
+    assert all(line.startswith("note: drafter weights ") for line in notes), notes  # fp32: no dtype to explain

@@ -38,6 +38,10 @@ def add_parser(commands) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--drafter-backend", choices=["torch", "onnxruntime"], default="torch",
                    help="run the drafter in torch (default) or its exported ONNX graph with ONNX Runtime")
+    p.add_argument("--drafter-weights", choices=["auto", "plain", "fp16-packed"], default="auto",
+                   help="how the torch drafter's matmuls read their weights while decoding: fp16-packed (FBGEMM, "
+                        "fp32 arithmetic; fp32 on a CPU only), plain, or auto (default: packed where it is "
+                        "possible, each matmul measuring where it beats fp32)")
     add_draft_length_arg(p)
     add_runtime_args(p, default_dtype="auto", allow_auto=True)
     p.set_defaults(run=run)
@@ -48,7 +52,7 @@ def run(args) -> int:
     params = SamplingParams(args.temperature, args.top_p, args.top_k)  # validate before loading models
     prompt = read_prompt(args.prompt, args.prompt_file) if args.chat is None else chat_message(args.chat)
     pair = load_pair(args.target, args.drafter, dtype=args.dtype, device=args.device, backend=args.drafter_backend,
-                     threads=args.threads)
+                     threads=args.threads, drafter_weights=args.drafter_weights)
     ids = encode_prompt(pair.tokenizer, prompt, args.device)
     stops = stop_token_ids(pair.target, pair.tokenizer)
     sampling = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k, "seed": args.seed}

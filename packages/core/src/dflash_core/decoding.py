@@ -32,7 +32,7 @@ from torch.nn.utils.rnn import pad_sequence
 from .context_lookup import NgramIndex, free_drafting
 from .draft_length import DraftLengthPolicy, cost_table_for, history_for
 from .draft_sampling import DraftSampler, speculative_accept
-from .draft_vocab import read_out_for
+from .draft_vocab import draft_head_for, read_out_for
 from .drafter_backend import DrafterBackend
 from .errors import GenerationError
 from .pairing import check_compatibility
@@ -221,8 +221,12 @@ class _Decoder:
         # hidden -> draft tokens: the argmax over the drafter's read-out list (if any) when greedy; when
         # sampling, draws from q over the whole vocabulary (held-out tau at T=1, demo pair: 1.36 over all
         # 8,192 ids, 1.31 over the 1,920 listed)
-        self.read_out = None if drafter is None else (
-            read_out_for(drafter, target) if params.greedy else DraftSampler(target.logits, params, generator))
+        if drafter is None:
+            self.read_out = None
+        elif params.greedy:
+            self.read_out = read_out_for(drafter, target)
+        else:
+            self.read_out = DraftSampler(draft_head_for(drafter, target), params, generator)
         # features [B, n, F], positions [B, n] and per-row counts of the tokens that steps without a
         # drafter pass committed (plain steps, lookup steps), injected into the drafter's context only
         # before its next draft: one projection for many steps, none if the drafter never drafts again

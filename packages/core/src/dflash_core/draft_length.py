@@ -56,7 +56,7 @@ import torch
 from transformers import DynamicCache
 
 from .draft_sampling import DraftSampler, speculative_accept
-from .draft_vocab import read_out_for
+from .draft_vocab import draft_head_for, read_out_for
 from .profiling import sync_device
 from .sampling import SamplingParams, choose_tokens, warp_logits
 from .target import TargetModel
@@ -159,7 +159,7 @@ class _StepTimer:
         if self.sampling is None:
             self.read_out = read_out_for(drafter, self.target)
         else:  # drafts drawn from q over the whole vocabulary, kept by rejection against p
-            self.read_out = DraftSampler(self.target.logits, self.sampling, self.generator)
+            self.read_out = DraftSampler(draft_head_for(drafter, self.target), self.sampling, self.generator)
             hidden = self.target(self.ids[:, context:], self.positions[:, context:], self.cache).hidden
             self.target_probs = warp_logits(self.target.logits(hidden), self.sampling).softmax(dim=-1)  # [1, B, V]
             truncate_cache(self.cache, context)
@@ -466,7 +466,7 @@ def cost_table_for(target: TargetModel, drafter, *, sampling: SamplingParams | N
     """The pair's cost table: from this process, else the user's cache directory, else measured now.
 
     Keyed by machine (CPU and ISA flags or GPU, torch, threads), target config, dtype, device, the
-    drafter's config, backend and read-out vocabulary size, and how tokens are chosen (`sampling`:
+    drafter's config, backend, read-out vocabulary size and weight format, and how tokens are chosen (`sampling`:
     greedy, or sampled with or without top-p / top-k filtering, whose sort costs time; the temperature's
     value costs nothing). A few seconds on the demo pair the first time.
     A cached table is first checked against `spot(target, drafter, block)` (one- and whole-block verify
@@ -483,7 +483,7 @@ def cost_table_for(target: TargetModel, drafter, *, sampling: SamplingParams | N
     key = (f"{machine_key(target.device)}|model={model_key(target.model, block)[:16]}|dtype={short_name(target.dtype)}"
            f"|device={target.device}|drafter={drafter_hash.hexdigest()[:16]}|backend={type(drafter).__name__}"
            f"|readout={len(getattr(drafter, 'draft_vocab', None) or ()) or 'all'}|method={COST_METHOD}"
-           f"{_choice_key(sampling)}")
+           f"{_choice_key(sampling)}{_weights_key(drafter)}")
     if key in _MEASURED:
         return _MEASURED[key]
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -504,6 +504,12 @@ def cost_table_for(target: TargetModel, drafter, *, sampling: SamplingParams | N
             write_cache(cache_dir, stored, COST_FILE)
     _MEASURED[key] = table
     return table
+
+
+def _weights_key(drafter) -> str:
+    """The key's part for how the drafter reads its weights: empty when plain (the keys tables had before)."""
+    weight_format = getattr(drafter, "weight_format", "plain")
+    return "" if weight_format == "plain" else f"|weights={weight_format}"
 
 
 def _choice_key(sampling: SamplingParams | None) -> str:

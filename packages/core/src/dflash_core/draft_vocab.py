@@ -25,10 +25,11 @@ from typing import Callable, Iterable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from .errors import CheckpointError
 from .fileio import write_json
+from .matmul_layout import matmul
+from .packed_weights import PackedFp16Linear, fp16_packing_supported
 from .sampling import greedy_tokens
 from .textfiles import read_json_object
 
@@ -99,26 +100,50 @@ def full_read_out(lm_head: Callable[[torch.Tensor], torch.Tensor]) -> ReadOut:
 
 def read_out_for(drafter, target) -> ReadOut:
     """The read-out decoding uses for this pair: over the drafter's `draft_vocab` when it has one,
-    else the whole vocabulary. The subset's rows are copied once per head and kept on the drafter."""
+    else the whole vocabulary. The subset's rows are copied once per head and kept on the drafter;
+    a drafter decoding with fp16-packed weights (`Drafter.use_weight_format`) reads out through
+    packed rows too."""
     ids = getattr(drafter, "draft_vocab", None)
     if ids is None:
-        return full_read_out(target.logits)
+        return full_read_out(draft_head_for(drafter, target))
     head = target.model.lm_head
-    key = (head.weight.data_ptr(), head.weight._version, head.weight.dtype, tuple(ids))
+    packed = _packs(drafter)
+    key = (head.weight.data_ptr(), head.weight._version, head.weight.dtype, tuple(ids), packed)
     cached = getattr(drafter, "_subset_read_out", None)
     if cached is None or cached[0] != key:
-        cached = (key, SubsetReadOut(head, ids))
+        cached = (key, SubsetReadOut(head, ids, packed=packed))
         drafter._subset_read_out = cached
     return cached[1]
+
+
+def draft_head_for(drafter, target) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The LM head drafts are read out through over the whole vocabulary (sampled drafts' q, drafters
+    without a list): the target's own, or for a drafter decoding with fp16-packed weights a packed copy
+    of it (made once per head, kept on the drafter). The target's verify always uses its own head."""
+    if not _packs(drafter):
+        return target.logits
+    head = target.model.lm_head
+    key = (head.weight.data_ptr(), head.weight._version)
+    cached = getattr(drafter, "_packed_head", None)
+    if cached is None or cached[0] != key:
+        cached = (key, PackedFp16Linear(head.weight, head.bias))
+        drafter._packed_head = cached
+    return cached[1]
+
+
+def _packs(drafter) -> bool:
+    return getattr(drafter, "weight_format", "plain") == "fp16-packed" and fp16_packing_supported(
+        drafter.device, drafter.dtype)
 
 
 class SubsetReadOut:
     """Drafts over a list of ids: argmax over those rows of the LM head, mapped back to token ids.
 
-    Holds a contiguous copy of the rows ([N, H], same dtype and device as the head), made once.
+    Holds a contiguous copy of the rows ([N, H], same dtype and device as the head), made once, and
+    with `packed` an fp16-packed one it multiplies by instead (`packed_weights`).
     """
 
-    def __init__(self, head: torch.nn.Linear, ids: list[int]) -> None:
+    def __init__(self, head: torch.nn.Linear, ids: list[int], *, packed: bool = False) -> None:
         index = torch.tensor(ids, dtype=torch.long, device=head.weight.device)
         if int(index.max()) >= head.weight.shape[0]:
             raise CheckpointError(f"draft vocabulary id {int(index.max())} is outside the target's LM head "
@@ -126,11 +151,13 @@ class SubsetReadOut:
         self.ids = index  # [N]: logits column j is token ids[j]
         self.weight = head.weight.detach().index_select(0, index).contiguous()  # [N, H]
         self.bias = None if head.bias is None else head.bias.detach().index_select(0, index)
+        self.packed = PackedFp16Linear(self.weight, self.bias) if packed else None
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., N]: the listed rows of the LM head only."""
-        flat = F.linear(hidden.reshape(-1, hidden.shape[-1]), self.weight, self.bias)  # one 2D matmul
-        return flat.view(*hidden.shape[:-1], -1)
+        if self.packed is not None:
+            return self.packed(hidden)
+        return matmul(hidden, self.weight, self.bias)  # one 2D matmul, in the layout fastest here
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.ids[greedy_tokens(self.logits(hidden))]

@@ -20,7 +20,10 @@ from .draft_vocab import DRAFT_VOCAB_FILE, ReadOut, load_draft_vocab, save_draft
 from .dtypes import config_name, resolve_dtype
 from .errors import CheckpointError, CompatibilityError
 from .masks import block_attention_mask, window_mask
+from .packed_weights import PackedFp16Linear, fp16_packing_supported
 from .rope import rope_frequencies
+
+WEIGHT_FORMATS = ("plain", "fp16-packed")
 
 class _Norm(nn.Module):
     def __init__(self, size: int) -> None:
@@ -82,6 +85,8 @@ class Drafter(nn.Module):
             windows=tuple(config.layer_window(i) for i in range(config.num_hidden_layers)),
         )
         self._fused: tuple[tuple, graph.DrafterWeights] | None = None
+        self.weight_format = "plain"  # how decoding's matmuls read the weights: `use_weight_format`
+        self._packed: tuple[graph.DrafterWeights, graph.DrafterWeights] | None = None
         self.draft_vocab: list[int] | None = None  # ids drafts are read out over (`draft_vocab`); None: all
 
     # ---- weights -----------------------------------------------------------------------------
@@ -128,6 +133,27 @@ class Drafter(nn.Module):
             self._fused = (key, weights)
         return weights
 
+    def use_weight_format(self, weight_format: str) -> None:
+        """How decoding (`extend_cache`, `draft_with_cache` and the drafts' read-out) reads the matmul
+        weights: "plain" (the parameters as they are) or "fp16-packed" (fp16 copies multiplied in fp32 by
+        FBGEMM; an fp32 drafter on a CPU only; `packed_weights`). Training and `forward` always use the
+        parameters. `load_pair(..., drafter_weights="auto")` chooses by measuring on the machine."""
+        if weight_format not in WEIGHT_FORMATS:
+            raise ValueError(f"weight format {weight_format!r} is not one of {', '.join(WEIGHT_FORMATS)}")
+        if weight_format == "fp16-packed" and not fp16_packing_supported(self.device, self.dtype):
+            raise CompatibilityError(f"fp16-packed weights need an fp32 drafter on a CPU with AVX2 and FBGEMM; this "
+                                     f"one is {self.dtype} on {self.device} ({torch.backends.cpu.get_cpu_capability()})")
+        self.weight_format = weight_format  # the packed copy, if made, stays: switching back costs nothing
+
+    def decode_weights(self) -> graph.DrafterWeights:
+        """`weights()` as decoding reads them: in `weight_format`, packed once per version of the parameters."""
+        weights = self.weights()
+        if self.weight_format == "plain" or torch.is_grad_enabled() or not fp16_packing_supported(self.device, self.dtype):
+            return weights
+        if self._packed is None or self._packed[0] is not weights:
+            self._packed = (weights, _packed_copy(weights))
+        return self._packed[1]
+
     @property
     def device(self) -> torch.device:
         return self.fc.weight.device
@@ -170,7 +196,7 @@ class Drafter(nn.Module):
     def extend_cache(self, cache: DraftKVCache, target_hidden: torch.Tensor, positions: torch.Tensor,
                      counts: list[int]) -> None:
         """Project the features of newly accepted tokens [B, n, n_feat*H] once and append them."""
-        k, v = graph.inject_context(self.weights(), self.dims, target_hidden, positions)
+        k, v = graph.inject_context(self.decode_weights(), self.dims, target_hidden, positions)
         cache.append(k, v, counts)
 
     def draft_with_cache(self, cache: DraftKVCache, noise_embedding: torch.Tensor,
@@ -178,7 +204,8 @@ class Drafter(nn.Module):
         """Block forward over the cached context; noise [B, Q, H], positions [B, Q] -> [B, Q, H]."""
         ctx_k, ctx_v = cache.context()
         masks = self._cache_masks(cache, block_positions)
-        return graph.draft_forward(self.weights(), self.dims, noise_embedding, block_positions, ctx_k, ctx_v, masks)
+        return graph.draft_forward(self.decode_weights(), self.dims, noise_embedding, block_positions, ctx_k, ctx_v,
+                                   masks)
 
     def propose(self, cache: DraftKVCache, noise_embedding: torch.Tensor, block_positions: torch.Tensor,
                 read_out: ReadOut, num_drafts: int | None = None) -> torch.Tensor:
@@ -225,6 +252,14 @@ class Drafter(nn.Module):
             save_draft_vocab(path, self.draft_vocab, coverage=None, source="saved with the drafter")
         else:  # a list from another drafter would read this one out over the wrong tokens
             (path / DRAFT_VOCAB_FILE).unlink(missing_ok=True)
+
+
+def _packed_copy(w: graph.DrafterWeights) -> graph.DrafterWeights:
+    """The same weights with every matmul weight fp16-packed (norms and RoPE stay as they are)."""
+    layers = tuple(lw._replace(qkv=PackedFp16Linear(lw.qkv), o=PackedFp16Linear(lw.o),
+                               gate_up=PackedFp16Linear(lw.gate_up), down=PackedFp16Linear(lw.down))
+                   for lw in w.layers)
+    return w._replace(fc=PackedFp16Linear(w.fc), context_kv=PackedFp16Linear(w.context_kv), layers=layers)
 
 
 def load_drafter(path: str | os.PathLike, device: torch.device | str = "cpu",

@@ -14,6 +14,7 @@ from typing import NamedTuple, Sequence
 import torch
 import torch.nn.functional as F
 
+from .packed_weights import Weight, linear
 from .rope import apply_rope, rope_cos_sin
 
 
@@ -22,21 +23,22 @@ class LayerWeights(NamedTuple):
 
     input_norm: torch.Tensor  # [H]
     post_norm: torch.Tensor  # [H]
-    qkv: torch.Tensor  # [(h + 2g) * d, H]
-    o: torch.Tensor  # [H, h * d]
+    qkv: Weight  # [(h + 2g) * d, H]
+    o: Weight  # [H, h * d]
     q_norm: torch.Tensor  # [d]
     k_norm: torch.Tensor  # [d]
-    gate_up: torch.Tensor  # [2 * I, H]
-    down: torch.Tensor  # [H, I]
+    gate_up: Weight  # [2 * I, H]
+    down: Weight  # [H, I]
 
 
 class DrafterWeights(NamedTuple):
-    """All tensors the drafter's forward needs; views or fusions of the module's parameters."""
+    """All tensors the drafter's forward needs; views or fusions of the module's parameters (the matmul
+    weights, `Weight`, may instead be fp16-packed copies for fp32 CPU decoding: `packed_weights`)."""
 
-    fc: torch.Tensor  # [H, n * H]
+    fc: Weight  # [H, n * H]
     hidden_norm: torch.Tensor  # [H]
     norm: torch.Tensor  # [H]
-    context_kv: torch.Tensor  # [L * 2 * g * d, H]: per layer, k_proj rows then v_proj rows
+    context_kv: Weight  # [L * 2 * g * d, H]: per layer, k_proj rows then v_proj rows
     context_k_norm: torch.Tensor  # [L, d]: each layer's k_norm, stacked
     inv_freq: torch.Tensor  # [d / 2] fp32 RoPE inverse frequencies
     layers: tuple[LayerWeights, ...]
@@ -98,7 +100,7 @@ def project_features(w: DrafterWeights, dims: DrafterDims, target_hidden: torch.
     the 2D matmul, measured on an AVX512-BF16 EPYC; a quarter of a whole KV injection).
     """
     batch, ctx, width = target_hidden.shape
-    projected = F.linear(target_hidden.reshape(batch * ctx, width), w.fc).view(batch, ctx, -1)
+    projected = linear(target_hidden.reshape(batch * ctx, width), w.fc).view(batch, ctx, -1)
     return rms_norm(projected, w.hidden_norm, dims.eps)
 
 
@@ -113,7 +115,7 @@ def inject_context(
     batch, ctx, _ = target_hidden.shape
     layers = len(w.layers)
     hidden = project_features(w, dims, target_hidden)
-    kv = F.linear(hidden, w.context_kv).view(batch, ctx, layers, 2, dims.num_kv_heads, dims.head_dim)
+    kv = linear(hidden, w.context_kv).view(batch, ctx, layers, 2, dims.num_kv_heads, dims.head_dim)
     kv = kv.permute(3, 2, 0, 4, 1, 5)  # [2, L, B, g, C, d]
     k = rms_norm(kv[0], w.context_k_norm[:, None, None, None, :], dims.eps)
     cos, sin = rope_cos_sin(positions, w.inv_freq, dims.rope_scaling, k.dtype)
@@ -135,7 +137,7 @@ def draft_layer(
     batch, q_len, _ = hidden.shape
     heads, kv_heads, d = dims.num_heads, dims.num_kv_heads, dims.head_dim
     x = rms_norm(hidden, lw.input_norm, dims.eps)
-    q, k, v = F.linear(x, lw.qkv).split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+    q, k, v = linear(x, lw.qkv).split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
     q = rms_norm(q.view(batch, q_len, heads, d), lw.q_norm, dims.eps).transpose(1, 2)
     k = rms_norm(k.view(batch, q_len, kv_heads, d), lw.k_norm, dims.eps).transpose(1, 2)
     v = v.view(batch, q_len, kv_heads, d).transpose(1, 2)
@@ -145,10 +147,10 @@ def draft_layer(
     k = torch.cat([ctx_k, k], dim=2)
     v = torch.cat([ctx_v, v], dim=2)
     out = attention(q, k, v, mask, d**-0.5)  # [B, h, Q, d]
-    hidden = hidden + F.linear(out.transpose(1, 2).reshape(batch, q_len, heads * d), lw.o)
+    hidden = hidden + linear(out.transpose(1, 2).reshape(batch, q_len, heads * d), lw.o)
     x = rms_norm(hidden, lw.post_norm, dims.eps)
-    gate, up = F.linear(x, lw.gate_up).chunk(2, dim=-1)
-    return hidden + F.linear(F.silu(gate) * up, lw.down)
+    gate, up = linear(x, lw.gate_up).chunk(2, dim=-1)
+    return hidden + linear(F.silu(gate) * up, lw.down)
 
 
 def draft_forward(

@@ -14,11 +14,12 @@ import torch
 
 from .auto_dtype import resolve_auto_dtype
 from .config import DFlashConfig
-from .drafter import load_drafter
+from .drafter import WEIGHT_FORMATS, load_drafter
 from .drafter_backend import DrafterBackend
 from .dtypes import resolve_dtype, short_name
 from .errors import CompatibilityError
 from .devices import check_device
+from .packed_weights import fp16_packing_supported, packed_matmuls
 from .pairing import check_compatibility, ensure_mask_token
 from .prompts import encode_prompt, end_of_turn_ids  # noqa: F401 (encode_prompt: the front door's)
 from .target import TargetModel
@@ -100,15 +101,21 @@ class Pair:
 
 
 def load_pair(target_dir: str | os.PathLike, drafter_dir: str | os.PathLike, *, dtype: str | torch.dtype = "auto",
-              device: str | torch.device | None = None, backend: str = "torch", threads: int = 0) -> Pair:
+              device: str | torch.device | None = None, backend: str = "torch", threads: int = 0,
+              drafter_weights: str = "auto") -> Pair:
     """Drafter and target loaded in one precision, checked against each other before anything runs.
 
     dtype "auto" (default): bf16 only where a short measured probe says it is faster for this target
     on this machine (cached per machine and model; `dflash_core.auto_dtype`), else fp32; the choice
     and its reason are the first of `notes`. backend "onnxruntime" runs an exported drafter graph (a
     .onnx file or a `dflash-convert --to onnx` directory) with ONNX Runtime on the CPU; the target
-    stays in torch.
+    stays in torch. drafter_weights (torch backend): how decoding's drafter matmuls read their weights,
+    "plain", "fp16-packed" (`dflash_core.packed_weights`), or "auto" (default): packed where the machine
+    can run it (an fp32 drafter on a CPU with FBGEMM), each matmul then measuring up to how many rows the
+    packed kernel beats fp32. The target's own forward is never touched.
     """
+    if drafter_weights not in ("auto",) + WEIGHT_FORMATS:
+        raise ValueError(f"drafter_weights {drafter_weights!r} is not one of auto, {', '.join(WEIGHT_FORMATS)}")
     device = torch.device(device or "cpu")
     notes: list[str] = []
     if backend == "onnxruntime":
@@ -128,11 +135,30 @@ def load_pair(target_dir: str | os.PathLike, drafter_dir: str | os.PathLike, *, 
             target = None
         drafter = load_drafter(drafter_dir, device=device, dtype=dtype)
         target = target or load_target(target_dir, drafter.config.target_layer_ids, dtype, device)
+        weights_note = _choose_drafter_weights(drafter, drafter_weights)
+        notes += [weights_note] if weights_note else []
     check_compatibility(drafter.config, target)
     drafter.check_runtime(target)
     tokenizer = load_tokenizer(target_dir)
     note = ensure_mask_token(tokenizer, drafter.config)
     return Pair(target, drafter, tokenizer, notes + ([note] if note else []))
+
+
+def _choose_drafter_weights(drafter, requested: str) -> str | None:
+    """Apply `requested` to a torch drafter; a one-line note when packing was tried (what it kept)."""
+    if requested == "plain" or (requested == "auto" and not fp16_packing_supported(drafter.device, drafter.dtype)):
+        return None
+    drafter.use_weight_format("fp16-packed")  # explicit and unsupported: a CompatibilityError naming why
+    with torch.inference_mode():  # packs now (decoding's weights), each matmul measuring its row limit
+        matmuls = packed_matmuls(drafter.decode_weights())
+    packed = [w for w in matmuls if w.max_rows > 0]
+    if requested == "auto" and not packed:
+        drafter.use_weight_format("plain")
+        return "drafter weights plain: fp16-packed matmuls were not faster than fp32 on this CPU"
+    limits = sorted({w.max_rows for w in packed})
+    span = f"{limits[0]}" if len(limits) == 1 else f"{limits[0]}-{limits[-1]}"
+    return (f"drafter weights fp16-packed (FBGEMM, fp32 arithmetic) for {len(packed)} of {len(matmuls)} matmuls, up to "
+            f"{span} rows: measured faster than fp32 there on this CPU")
 
 
 def stop_token_ids(target: TargetModel, tokenizer) -> list[int]:

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .errors import CompatibilityError
+from .matmul_layout import matmul
 
 
 @dataclass
@@ -98,8 +99,15 @@ class TargetModel:
         return self.base.embed_tokens(input_ids)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., H] -> [..., V]: the target's LM head (frozen, shared with the drafter)."""
-        return self.model.lm_head(hidden)
+        """[..., H] -> [..., V]: the target's LM head (frozen, shared with the drafter).
+
+        A plain `nn.Linear` head (no hooks) is applied in the matmul layout measured fastest for this many
+        rows on this machine (`matmul_layout`: the same product, on the Zen 3 EPYC 1.6-3.8x faster over
+        2-16 rows than `F.linear`); any other head is called as it is."""
+        head = self.model.lm_head
+        if type(head) is nn.Linear and not (head._forward_hooks or head._forward_pre_hooks):
+            return matmul(hidden, head.weight, head.bias)
+        return head(hidden)
 
     # ---- forward ---------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache=None,

@@ -8,7 +8,9 @@ Measured on one pair, after a cached context of `--context` tokens, each the fas
 - `target 1 tok (HF)`: the Hugging Face model's own forward over one token with its cache: the unit;
 - verify width q: the same HF forward over q tokens, and our `TargetModel` forward (feature hooks,
   final hidden) + LM head + argmax over q tokens, the verification the decoder really runs;
-- drafting: one block pass (`draft_with_cache`), the LM head read-out of k drafts, and the KV
+- drafting, in each weight format the drafter can decode with (plain; fp16-packed for an fp32 drafter
+  on a CPU with FBGEMM, rows marked [plain] / [fp16-packed]; `dflash_core.packed_weights`): one block
+  pass (`draft_with_cache`), the read-out of k drafts as greedy decoding does it, and the KV
   injection of one accepted token (`extend_cache`); then a whole drafting step (injection of one
   token, block pass, read-out of one draft) timed twice: back to back, and right after a verify of
   the whole block, as decoding meets it (the verify streams the target's weights through the
@@ -26,6 +28,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
+from dflash_core.draft_vocab import read_out_for
 from dflash_core.dtypes import SHORT_NAMES, short_name
 from dflash_core.loading import load_pair
 from dflash_core.profiling import sync_device
@@ -70,6 +73,33 @@ def measure(pair, *, context: int, repeats: int, compile_draft: bool = False) ->
     widths = sorted({1, 2, 4, 8, block})
     rows = {f"HF forward, {q} tok": _fastest(hf_forward(q), repeats, device) for q in widths}
     rows |= {f"verify (ours), {q} tok": _fastest(verify(q), repeats, device) for q in widths}
+    # the drafter's side in each weight format it can decode with (`Drafter.use_weight_format`), the loaded
+    # one first; with more than one, each row names its format
+    formats = [drafter.weight_format] + [f for f in _possible_formats(drafter) if f != drafter.weight_format]
+    for weight_format in formats:
+        drafter.use_weight_format(weight_format)
+        suffix = f" [{weight_format}]" if len(formats) > 1 else ""
+        drafting = _drafting_rows(pair, out, ids, positions, context, verify, repeats,
+                                  compile_draft=compile_draft and weight_format == formats[0])
+        rows |= {name + suffix: seconds for name, seconds in drafting.items()}
+    drafter.use_weight_format(formats[0])
+    return {"unit_s": unit, "seconds": rows, "relative": {k: v / unit for k, v in rows.items()}}
+
+
+def _possible_formats(drafter) -> tuple[str, ...]:
+    from dflash_core.packed_weights import fp16_packing_supported
+
+    return ("plain", "fp16-packed") if fp16_packing_supported(drafter.device, drafter.dtype) else ("plain",)
+
+
+def _drafting_rows(pair, out, ids, positions, context: int, verify, repeats: int, *,
+                   compile_draft: bool = False) -> dict[str, float | str]:
+    """The drafter's side of a step in its current weight format, read out as greedy decoding does
+    (over its `draft_vocab` when it has one: `read_out_for`)."""
+    target, drafter = pair.target, pair.drafter
+    block, device = drafter.config.block_size, target.device
+    read_out = read_out_for(drafter, target)
+    rows = {}
     dcache = drafter.new_cache(1, context + 2 * block)
     drafter.extend_cache(dcache, out.features, positions[:, :context], [context])
     masks = torch.full((1, block - 1), drafter.config.mask_token_id, dtype=torch.long, device=device)
@@ -78,8 +108,7 @@ def measure(pair, *, context: int, repeats: int, compile_draft: bool = False) ->
     rows["draft pass (block)"] = _fastest(lambda: drafter.draft_with_cache(dcache, noise, block_pos), repeats, device)
     hidden = drafter.draft_with_cache(dcache, noise, block_pos)
     for k in (1, 4, block - 1):
-        rows[f"draft read-out, {k} drafts"] = _fastest(
-            lambda k=k: target.logits(hidden[:, 1:1 + k]).float().argmax(-1), repeats, device)
+        rows[f"draft read-out, {k} drafts"] = _fastest(lambda k=k: read_out(hidden[:, 1:1 + k]), repeats, device)
     rows["KV injection, 1 token"] = _fastest(lambda: _inject_one(drafter, out, positions, context), repeats, device)
 
     def fresh_context():
@@ -89,7 +118,7 @@ def measure(pair, *, context: int, repeats: int, compile_draft: bool = False) ->
 
     def drafting_step(fresh) -> None:  # what the decoder pays to draft: inject the accepted token, draft, read out
         drafter.extend_cache(fresh, out.features[:, -1:], positions[:, context - 1:context], [1])
-        target.logits(drafter.draft_with_cache(fresh, noise, block_pos)[:, 1:2]).argmax(-1)
+        read_out(drafter.draft_with_cache(fresh, noise, block_pos)[:, 1:2])
 
     def after_a_drafting_step():  # the drafter's weights were just used
         drafting_step(fresh_context())
@@ -105,7 +134,7 @@ def measure(pair, *, context: int, repeats: int, compile_draft: bool = False) ->
                                                                                 repeats, device)
     if compile_draft:
         rows["draft pass (block), torch.compile"] = _compiled_draft(drafter, dcache, noise, block_pos, repeats, device)
-    return {"unit_s": unit, "seconds": rows, "relative": {k: v / unit for k, v in rows.items()}}
+    return rows
 
 
 def _fastest_after(prepare, run, repeats: int, device: torch.device) -> float:

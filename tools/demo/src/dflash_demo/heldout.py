@@ -1,7 +1,8 @@
 """Held-out tau: how many tokens a drafter lets each verify step commit on prompts it never saw.
 
 The whole block is verified every step (k = B-1), so the figure measures the drafter, not the
-machine's cost-aware draft-length policy (which would mix in plain target steps).
+machine's cost-aware draft-length policy (which would mix in plain target steps); and the drafter
+reads its own weights (`drafter_weights="plain"`), so the figure is the same on every CPU.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def heldout_lengths(target: Path, drafter: Path, prompts: Sequence[str], *, max_
     """{dtype: {"T=t": tokens committed by every full-block step, all prompts}}, prompt i sampled with seed i."""
     lengths: dict[str, dict[str, list[int]]] = {}
     for dtype in dtypes:
-        pair = load_pair(target, drafter, dtype=dtype, device=device)
+        pair = load_pair(target, drafter, dtype=dtype, device=device, drafter_weights="plain")
         stops = stop_token_ids(pair.target, pair.tokenizer)
         full = pair.drafter.config.block_size - 1
         for temperature in temperatures:

@@ -1,0 +1,127 @@
+"""fp16-packed copies of the drafter's matmul weights, for fp32 decoding on a CPU.
+
+Why: a drafting step is a handful of matmuls over 1-16 rows, so it is bound by how fast the weights
+stream in from memory (a verify of the whole block has just pushed them out of the caches), and on
+some CPUs fp32 GEMM over few rows is slow outright. On a 2-core AMD EPYC (Zen 3, AVX2 only, torch
+2.13.0+cpu, MKL) the demo target's 8,192 x 384 LM head over one row took 2.0 ms in fp32 against
+0.18 ms through FBGEMM's fp16-weight kernel (15 rows: 4.9 ms against 1.8 ms); the drafter's own
+16-row projections took 0.6-0.9x their fp32 time. The kernel stores the weight in fp16 and multiplies
+in fp32, so it halves the bytes a step reads and keeps fp32 arithmetic.
+
+Exactness: only the drafter's side uses these (its block pass, its KV injection, the read-out of
+drafts through a copy of the target's LM head). Drafts are proposals the target verifies, and a
+sampled draft's q is computed once and used both to draw it and in the rejection test, so any
+rounding here changes which drafts are proposed, never what is committed. The target's own forward
+and logits are untouched. (A drafter stored in bf16, as the published ones are, has weights fp16
+holds exactly, bar values under fp16's normal range.)
+
+Whether it pays is measured, not assumed: each packed matmul times itself against fp32 at a few row
+counts when it is made (`measure_row_limit`) and falls back to fp32 above the rows where it lost;
+`load_pair(..., drafter_weights="auto")` keeps plain weights where no matmul won at all.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+
+def fp16_packing_supported(device: torch.device | str, dtype: torch.dtype) -> bool:
+    """True where FBGEMM's fp16-weight GEMM can run: fp32 activations on a CPU with AVX2 or better."""
+    if torch.device(device).type != "cpu" or dtype != torch.float32:
+        return False
+    if not hasattr(torch, "fbgemm_pack_gemm_matrix_fp16") or "fbgemm" not in torch.backends.quantized.supported_engines:
+        return False
+    return torch.backends.cpu.get_cpu_capability() not in ("DEFAULT", "NO AVX", "")
+
+
+# row counts a packed weight is timed at against fp32 (`measure_row_limit`): one row (a KV injection of one
+# accepted token, a read-out of one draft), a block's worth, and the multiples a batch of rows drafts
+ROW_PROBES = (1, 8, 16, 32, 64, 128, 256)
+WIN_MARGIN = 0.95  # the packed kernel must take at most this share of fp32's time to count as a win there
+
+
+class PackedFp16Linear:
+    """y = x @ W.T (+ bias) with W [N, K] held fp16-packed for FBGEMM; x [..., K] fp32 -> [..., N] fp32.
+
+    Inputs of more than `max_rows` rows go through plain fp32 `F.linear` on the original weight (kept by
+    reference, no copy): the packed kernel wins while a matmul is bound by reading the weight, and loses
+    once it is bound by arithmetic (on the Zen 3 EPYC above: the drafter's 384 x 384 projection over 16
+    rows 0.7x the fp32 time, over 32 rows 1.3x, over 256 rows 2.1x; the 8,192-row LM head up to 64 rows).
+    max_rows None: measured now (`measure_row_limit`). A frozen copy: made from the weight once, it does
+    not follow later changes to it (callers key their caches on the source's data pointer and version).
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, max_rows: int | None = None) -> None:
+        if weight.dim() != 2 or weight.dtype != torch.float32 or weight.device.type != "cpu":
+            raise ValueError(f"expected a 2D fp32 CPU weight, got {tuple(weight.shape)} {weight.dtype} on {weight.device}")
+        self.out_features, self.in_features = weight.shape
+        self.weight = weight.detach()
+        self.bias = None if bias is None else bias.detach().float().contiguous()
+        # torch 2.13 marks these two functions deprecated (the warning fires once per process, at the
+        # first call) but still ships them, and they cost ~5 us a call against ~35 us for the
+        # quantized-op route (`quantized::linear_dynamic_fp16`, same kernel); the first calls happen here
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            self.packed = torch.fbgemm_pack_gemm_matrix_fp16(self.weight.contiguous())
+            self._packed_matmul(torch.zeros(1, self.in_features))
+        self.max_rows = measure_row_limit(self) if max_rows is None else max_rows
+
+    def _packed_matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        return torch.fbgemm_linear_fp16_weight_fp32_activation(flat, self.packed, self.bias)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        if flat.shape[0] > self.max_rows:
+            return F.linear(x, self.weight, self.bias)
+        out = self._packed_matmul(flat.float().contiguous())
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+def measure_row_limit(linear: PackedFp16Linear, repeats: int = 5) -> int:
+    """The most rows (of ROW_PROBES) up to which the packed kernel beat fp32 (by WIN_MARGIN) at every probe;
+    0 when it lost at the first. Each side keeps its fastest of `repeats` calls, the two alternating, so
+    neither finds its weight hot from its own previous call (in decoding each matmul runs once a step, with
+    the target's verify in between). Alternating matters: in a loop of one kernel alone, on the Zen 3 EPYC
+    above, the demo drafter's matmuls packed took 0.3-0.6x the fp32 time at 1 row, 0.7-1.07x at 16, 1.0-1.4x
+    at 32 and 1.4-2.1x at 256, while alternating they won up to 16-256 rows, and at batch 16 (256 rows a
+    draft pass) decoding with those limits measured 1.34x the target alone against 1.27x with plain weights.
+    """
+    limit = 0
+    for rows in ROW_PROBES:
+        x = torch.randn(rows, linear.in_features)
+        best_packed = best_plain = float("inf")
+        for round_ in range(repeats + 1):  # round 0 warms up
+            started = time.perf_counter()
+            linear._packed_matmul(x)
+            packed = time.perf_counter() - started
+            started = time.perf_counter()
+            F.linear(x, linear.weight, linear.bias)
+            plain = time.perf_counter() - started
+            if round_:
+                best_packed, best_plain = min(best_packed, packed), min(best_plain, plain)
+        if best_packed > WIN_MARGIN * best_plain:
+            break
+        limit = rows
+    return limit
+
+
+Weight = torch.Tensor | PackedFp16Linear
+
+
+def linear(x: torch.Tensor, weight: Weight) -> torch.Tensor:
+    """F.linear(x, weight) for a plain weight tensor, or the packed kernel for a `PackedFp16Linear`."""
+    if isinstance(weight, PackedFp16Linear):
+        return weight(x)
+    return F.linear(x, weight)
+
+
+def packed_matmuls(weights) -> list[PackedFp16Linear]:
+    """The packed matmul weights of a `graph.DrafterWeights` (none when it is plain)."""
+    found = [weights.fc, weights.context_kv]
+    for layer in weights.layers:
+        found += [layer.qkv, layer.o, layer.gate_up, layer.down]
+    return [w for w in found if isinstance(w, PackedFp16Linear)]
