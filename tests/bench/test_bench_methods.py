@@ -38,7 +38,12 @@ def test_runner_table_has_the_peers_and_one_signature(tiny):
                                             "assisted"}
     ids = e2e.encode_prompts(pair, PROMPTS[:1], "cpu")
     batch = PromptBatch.of(ids, [0], pad_id=0)
-    outputs = {name: runner(pair, batch, _settings(pair)) for name, runner in methods.RUNNERS.items()}
+    outputs = {}
+    for name, runner in methods.RUNNERS.items():
+        try:
+            outputs[name] = runner(pair, batch, _settings(pair))
+        except methods.NotApplicable:  # dflash_plain_weights where the drafter could not be packed
+            assert name == "dflash_plain_weights" and pair.drafter.weight_format == "plain"
     for name, run in outputs.items():
         assert len(run.tokens) == 1 and 1 <= len(run.tokens[0]) <= 8 and run.seconds > 0, name
         assert run.tokens == outputs["ar"].tokens, name  # fp32, greedy: every method is the target's decoding
@@ -191,3 +196,17 @@ def test_assisted_generation_with_a_small_assistant_matches_ar(tmp_path, capsys)
     rows = json.loads((out / "e2e.json").read_text())["data"]["results"]
     assisted = [r for r in rows if r["method"] == "assisted"]  # in the default methods: the assistant exists
     assert assisted and all(r["identical"] == "2/2" for r in assisted), assisted
+
+
+def test_plain_weights_beside_packed_ones_in_one_comparison(tiny):
+    *_, pair = tiny
+    if pair.drafter.weight_format == "plain":
+        pytest.skip("fp16 packing not possible or not faster here: the method is not applicable")
+    ids = e2e.encode_prompts(pair, PROMPTS, "cpu")
+    comparison = e2e.compare(pair, ids, _settings(pair), methods=("ar", "dflash", "dflash_plain_weights"))
+    assert comparison.compared and comparison.mismatches == [] and not comparison.not_applicable
+    assert pair.drafter.weight_format == "fp16-packed"  # switched back after every run
+    plain = load_pair(tiny[1], tiny[2], dtype="fp32", drafter_weights="plain")
+    batch = PromptBatch.of(ids[:1], [0], pad_id=0)
+    with pytest.raises(methods.NotApplicable, match="plain weights already"):
+        methods.run_dflash_plain_weights(plain, batch, _settings(plain))

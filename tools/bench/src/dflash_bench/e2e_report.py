@@ -46,6 +46,7 @@ def _notes(results: list[dict], *, name: str, prompts_file: Path, prompts: int, 
         "rows decoded together; dflash: `generate` with its defaults (drafter and context lookup as draft sources, "
         "auto draft length); dflash_drafter: the same with the drafter as its only source; dflash_full: `generate` "
         "verifying the whole block of drafter drafts every step (its tau is the drafter's acceptance at block B); "
+        "dflash_plain_weights: dflash with the drafter reading its own fp32 weights instead of fp16-packed copies; "
         "prompt_lookup: Hugging Face `generate(..., "
         f"prompt_lookup_num_tokens={PROMPT_LOOKUP_TOKENS})` (wall time); assisted: Hugging Face `generate(..., "
         "assistant_model=models/demo/assistant)` (wall time); hf_generate: Hugging Face `generate()` with no drafts",

@@ -119,6 +119,21 @@ def run_dflash_full(pair: Pair, batch: PromptBatch, settings: DecodeSettings) ->
     return run_dflash(pair, batch, settings, draft_length=pair.drafter.config.block_size - 1)
 
 
+def run_dflash_plain_weights(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRun:
+    """DFlash defaults with the drafter reading its own weights, where it decodes fp16-packed ones
+    (`dflash_core.packed_weights`): what the packing buys, side by side with `dflash`."""
+    drafter = pair.drafter
+    if getattr(drafter, "weight_format", "plain") == "plain":
+        raise NotApplicable("the drafter decodes with plain weights already (fp16 packing: an fp32 drafter on a CPU "
+                            "with FBGEMM, and `load_pair(..., drafter_weights=\"auto\")` keeping it)")
+    packed_format = drafter.weight_format
+    drafter.use_weight_format("plain")
+    try:
+        return run_dflash(pair, batch, settings)
+    finally:
+        drafter.use_weight_format(packed_format)
+
+
 def run_prompt_lookup(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRun:
     """Hugging Face prompt-lookup decoding: drafts copied from n-gram matches in the context."""
     return _hf_generate(pair, batch, settings, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS)
@@ -147,7 +162,7 @@ def assisted_runner(assistant_dir: Path) -> Runner:
 
 
 RUNNERS: dict[str, Runner] = {"ar": run_ar, "dflash": run_dflash, "dflash_drafter": run_dflash_drafter,
-                              "dflash_full": run_dflash_full,
+                              "dflash_full": run_dflash_full, "dflash_plain_weights": run_dflash_plain_weights,
                               "prompt_lookup": run_prompt_lookup, "hf_generate": run_hf_generate}
 DEFAULT_METHODS = ("ar", "dflash", "dflash_drafter", "dflash_full", "prompt_lookup", "assisted")
 PLANNED = {"assisted": "Hugging Face assisted generation with the small draft model models/demo/assistant"}
