@@ -29,7 +29,7 @@ import torch
 from .errors import CheckpointError
 from .fileio import write_json
 from .matmul_layout import matmul
-from .packed_weights import PackedFp16Linear, fp16_packing_supported
+from .packed_weights import PackedFp16Linear
 from .sampling import greedy_tokens
 from .textfiles import read_json_object
 
@@ -132,8 +132,7 @@ def draft_head_for(drafter, target) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def _packs(drafter) -> bool:
-    return getattr(drafter, "weight_format", "plain") == "fp16-packed" and fp16_packing_supported(
-        drafter.device, drafter.dtype)
+    return getattr(drafter, "packs_weights", False)  # other backends (ONNX Runtime) have no such format
 
 
 class SubsetReadOut:

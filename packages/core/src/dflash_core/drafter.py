@@ -145,10 +145,15 @@ class Drafter(nn.Module):
                                      f"one is {self.dtype} on {self.device} ({torch.backends.cpu.get_cpu_capability()})")
         self.weight_format = weight_format  # the packed copy, if made, stays: switching back costs nothing
 
+    @property
+    def packs_weights(self) -> bool:
+        """Whether decoding reads fp16-packed copies now (the format asked for, and still an fp32 CPU drafter)."""
+        return self.weight_format == "fp16-packed" and fp16_packing_supported(self.device, self.dtype)
+
     def decode_weights(self) -> graph.DrafterWeights:
         """`weights()` as decoding reads them: in `weight_format`, packed once per version of the parameters."""
         weights = self.weights()
-        if self.weight_format == "plain" or torch.is_grad_enabled() or not fp16_packing_supported(self.device, self.dtype):
+        if not self.packs_weights or torch.is_grad_enabled():
             return weights
         if self._packed is None or self._packed[0] is not weights:
             self._packed = (weights, _packed_copy(weights))
