@@ -168,3 +168,23 @@ def test_load_pair_chooses_or_is_told_the_weight_format(tmp_path):
     with pytest.raises(CompatibilityError, match=r"need an fp32 drafter"):
         load_pair(target_dir, drafter_dir, dtype="bf16", drafter_weights="fp16-packed")
     assert load_pair(target_dir, drafter_dir, dtype="bf16").drafter.weight_format == "plain"  # auto: not possible
+
+
+def test_each_weight_format_keeps_its_own_read_out_across_switches():
+    """dflash bench's dflash_plain_weights switches formats per run: neither read-out is rebuilt (re-packed, re-timed)."""
+    model = tiny_target(vocab=32, layers=2)
+    drafter = tiny_drafter(drafter_config(model, block_size=4))
+    drafter.draft_vocab = [1, 2, 5, 7]
+    target = SimpleNamespace(model=model)
+    with torch.inference_mode():
+        drafter.use_weight_format("fp16-packed")
+        packed = read_out_for(drafter, target)
+        drafter.use_weight_format("plain")
+        plain = read_out_for(drafter, target)
+        drafter.use_weight_format("fp16-packed")
+        assert read_out_for(drafter, target) is packed and packed.packed is not None
+        drafter.use_weight_format("plain")
+        assert read_out_for(drafter, target) is plain and plain.packed is None
+    with torch.no_grad():
+        model.lm_head.weight.add_(0.01)  # a changed head: a fresh copy of its rows
+    assert read_out_for(drafter, target) is not plain

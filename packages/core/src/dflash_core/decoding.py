@@ -32,6 +32,7 @@ from torch.nn.utils.rnn import pad_sequence
 from .context_lookup import NgramIndex, free_drafting
 from .draft_length import DraftLengthPolicy, cost_table_for, history_for
 from .draft_sampling import DraftSampler, speculative_accept
+from .draft_confidence import ConfidentReadOut, confident_read_out
 from .draft_vocab import draft_head_for, read_out_for
 from .drafter_backend import DrafterBackend
 from .errors import GenerationError
@@ -105,7 +106,8 @@ def generate(target, drafter: DrafterBackend, input_ids: torch.Tensor, *, max_ne
              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
              stop_token_ids: Sequence[int] | None = None, attention_mask: torch.Tensor | None = None,
              seed: int | None = None, draft_length: int | str | DraftLengthPolicy = "auto",
-             context_lookup: bool = True, profile: DecodeProfile | None = None) -> GenerationResult:
+             context_lookup: bool = True, confidence_trim: bool = False,
+             profile: DecodeProfile | None = None) -> GenerationResult:
     """Speculatively decode `input_ids` [B, T] with `drafter`; output is exactly the target's.
 
     `draft_length`: drafts verified per step; "auto" (default) lets `DraftLengthPolicy` choose k in
@@ -115,12 +117,15 @@ def generate(target, drafter: DrafterBackend, input_ids: torch.Tensor, *, max_ne
     `context_lookup`: with a policy (not a fixed k), also draft by copying what followed the row's
     latest n-gram earlier in its prompt or output, whenever that source promises more tokens per second
     (`dflash_core.context_lookup`); lossless too.
+    `confidence_trim`: with a policy and greedy decoding, verify only the drafts the drafter's own
+    confidence says pay for their verify time (`dflash_core.draft_confidence`; none: a plain step).
+    Off by default: on the AVX2-only CPU it measured no faster end to end (docs/benchmarks.md).
     `profile`: a `DecodeProfile` to fill with per-phase timings (off by default: no clocks, no syncs).
     """
     stream = generate_stream(target, drafter, input_ids, max_new_tokens=max_new_tokens, temperature=temperature,
                              top_p=top_p, top_k=top_k, stop_token_ids=stop_token_ids,
                              attention_mask=attention_mask, seed=seed, draft_length=draft_length,
-                             context_lookup=context_lookup, profile=profile)
+                             context_lookup=context_lookup, confidence_trim=confidence_trim, profile=profile)
     for _ in stream:
         pass
     return stream.result
@@ -130,7 +135,8 @@ def generate_stream(target, drafter: DrafterBackend, input_ids: torch.Tensor, *,
                     temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                     stop_token_ids: Sequence[int] | None = None, attention_mask: torch.Tensor | None = None,
                     seed: int | None = None, draft_length: int | str | DraftLengthPolicy = "auto",
-                    context_lookup: bool = True, profile: DecodeProfile | None = None) -> DecodeStream:
+                    context_lookup: bool = True, confidence_trim: bool = False,
+                    profile: DecodeProfile | None = None) -> DecodeStream:
     """Like `generate`, yielding each step's committed tokens as they are accepted.
 
     Arguments are validated here, before the first step runs.
@@ -145,8 +151,9 @@ def generate_stream(target, drafter: DrafterBackend, input_ids: torch.Tensor, *,
     if context_lookup and isinstance(policy, DraftLengthPolicy):
         history = history_for(drafter, "lookup") if policy.history is not None else None
         lookup = DraftLengthPolicy(free_drafting(policy.costs), policy.block_size, history=history)
+    trim = confidence_trim and isinstance(policy, DraftLengthPolicy)
     return DecodeStream(_Decoder(target, drafter, prompts, max_new_tokens, params, frozenset(stop_token_ids or ()),
-                                 generator, policy, profile, lookup))
+                                 generator, policy, profile, lookup, trim))
 
 
 def _draft_length_policy(draft_length: int | str | DraftLengthPolicy, target: TargetModel, drafter: DrafterBackend,
@@ -198,7 +205,7 @@ class _Decoder:
     def __init__(self, target: TargetModel, drafter: DrafterBackend | None, prompts: list[list[int]], max_new_tokens: int,
                  params: SamplingParams, stops: frozenset[int], generator: torch.Generator | None,
                  policy: DraftLengthPolicy | int, profile: DecodeProfile | None,
-                 lookup: DraftLengthPolicy | None = None) -> None:
+                 lookup: DraftLengthPolicy | None = None, trim: bool = False) -> None:
         self.target, self.drafter, self.params, self.stops = target, drafter, params, stops
         self.lookup = lookup  # the context-lookup source's policy (None: drafter drafts only)
         self.histories = [NgramIndex(p) for p in prompts] if lookup is not None else []  # per original row
@@ -223,6 +230,8 @@ class _Decoder:
         # 8,192 ids, 1.31 over the 1,920 listed)
         if drafter is None:
             self.read_out = None
+        elif params.greedy and trim:  # the same drafts, with the drafter's confidence in each (`_trim`)
+            self.read_out = confident_read_out(drafter, target)
         elif params.greedy:
             self.read_out = read_out_for(drafter, target)
         else:
@@ -262,17 +271,19 @@ class _Decoder:
         if copied is not None:
             k = max(len(c) for c in copied)
         block_positions = torch.tensor(self.tcache.lengths, device=self.device)[:, None] + self.offsets  # [B, Q]
-        positions = block_positions[:, : k + 1]  # [B, k+1]: the verified ones
         draft_probs = None  # q [B, k, V] of sampled drafts (`draft_sampling`); None: one-hot drafts
+        cut = None  # per row, the confidence of the first draft trimmed away (None: nothing trimmed)
         if copied is not None:  # rows with a shorter copy are padded with their last token (rejected or not, exact)
             drafts = torch.tensor([c + [last] * (k - len(c)) for c, last in zip(copied, rows.last.tolist())],
                                   dtype=torch.long, device=self.device)
         elif k:
             self._inject_pending()
             drafts, draft_probs = self._draft(k, block_positions)
+            k, drafts, cut = self._trim(k, drafts)
         else:
             drafts = self.no_drafts[: len(rows.ids)]  # [B, k]
         clock.charge("draft_s")
+        positions = block_positions[:, : k + 1]  # [B, k+1]: the verified ones
         verify_ids = torch.cat([rows.last[:, None], drafts], dim=1)
         out = self.target(verify_ids, positions, self.tcache.cache, self.tcache.attention_mask(self.target, positions))
         logits = self.target.logits(out.hidden)  # [B, k+1, V]
@@ -288,7 +299,7 @@ class _Decoder:
         host = torch.cat([accepted[:, None], bonus[:, None], drafts], dim=1).tolist()  # one device sync
         counts = [h[0] + 1 for h in host]  # block positions the target has now verified, per row
         self.tcache.commit(k + 1, counts)
-        self._observe(k, copied, [h[0] for h in host])
+        self._observe(k, copied, [h[0] for h in host], cut)
         keep = max(counts)
         clock.start()
         # KV injection of the accepted tokens: drafter work, timed as drafting
@@ -300,6 +311,7 @@ class _Decoder:
         if self.profile is not None:
             self.profile.steps += 1
             self.profile.lookup_steps += copied is not None
+            self.profile.trimmed_steps += cut is not None
         rows.last = bonus
         return self._emit([h[2 : 2 + h[0]] + [h[1]] for h in host], verified=True)
 
@@ -361,17 +373,31 @@ class _Decoder:
             return None
         return [c[:best] for c in copies]
 
-    def _observe(self, k: int, copied: list[list[int]] | None, accepted: list[int]) -> None:
-        """Each row's outcome to the policy of the source that drafted (a lookup step is idle time to the other)."""
+    def _observe(self, k: int, copied: list[list[int]] | None, accepted: list[int],
+                 cut: list[float] | None = None) -> None:
+        """Each row's outcome to the policy of the source that drafted (a lookup step is idle time to the other);
+        `cut`: per row the confidence of the first draft `_trim` left unverified."""
         if not isinstance(self.policy, DraftLengthPolicy):
             return
         for i, a in enumerate(accepted):
             if copied is None:
-                self.policy.observe(k, a)
+                self.policy.observe(k, a, None if cut is None else cut[i])
                 continue
             self.policy.observe(0, 0)
             if copied[i]:  # padding past a row's copy is not the lookup's miss
                 self.lookup.observe(len(copied[i]), min(a, len(copied[i])))
+
+    def _trim(self, k: int, drafts: torch.Tensor) -> tuple[int, torch.Tensor, list[float] | None]:
+        """(k, drafts [B, k], cut) after `DraftLengthPolicy.trim` by the drafter's confidences (greedy with a
+        policy; not on a retry, which drafts to learn): the drafts kept, and per row the confidence of the
+        first one dropped (None when none was)."""
+        confidence = self.read_out.take() if isinstance(self.read_out, ConfidentReadOut) else None
+        if confidence is None or self.policy.exploring:  # e.g. an ONNX graph that reads out by itself
+            return k, drafts, None
+        kept = self.policy.trim(k, confidence)
+        if kept == k:
+            return k, drafts, None
+        return kept, drafts[:, :kept], confidence[:, kept].tolist()
 
     def _draft(self, k: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The drafter's first k drafts [B, k]: the whole block [last, MASK x (B-1)] at `positions` [B, Q] at once;

@@ -276,9 +276,10 @@ class AcceptanceHistory:
         self.reached = [0.0] * positions  # index i-1: draft position i
         self.accepted = [0.0] * positions
 
-    def record(self, k_verified: int, accepted: int) -> None:
-        """One drafting row's outcome (`DraftLengthPolicy.observe`'s; plain steps say nothing here)."""
-        if k_verified == 0:
+    def record(self, k_verified: int, accepted: int, next_confidence: float | None = None) -> None:
+        """One drafting row's outcome (`DraftLengthPolicy.observe`'s, `next_confidence` included; plain
+        steps say nothing here)."""
+        if k_verified == 0 and next_confidence is None:
             return
         for i in range(len(self.reached)):
             self.reached[i] *= self.memory
@@ -286,6 +287,9 @@ class AcceptanceHistory:
         for i in range(min(accepted + 1, k_verified, len(self.reached))):
             self.reached[i] += 1.0
             self.accepted[i] += 1.0 if i < accepted else 0.0
+        if next_confidence is not None and accepted == k_verified < len(self.reached):
+            self.reached[k_verified] += 1.0
+            self.accepted[k_verified] += next_confidence
 
     def priors(self) -> tuple[float, ...] | None:
         """Per position the pooled acceptance, each position shrunk towards the one before it as a policy's
@@ -408,51 +412,64 @@ class DraftLengthPolicy:
         k, rows = self.retry
         return k > 0 and 2 * self.retry_accepted >= k * rows
 
-    def observe(self, k_verified: int, accepted: int) -> None:
-        """One row's outcome: `accepted` of the `k_verified` drafts it verified were accepted."""
+    def observe(self, k_verified: int, accepted: int, next_confidence: float | None = None) -> None:
+        """One row's outcome: `accepted` of the `k_verified` drafts it verified were accepted.
+
+        `next_confidence`: when the step drafted more than it verified (`trim`), the drafter's confidence in
+        the first draft left unverified. A row that accepted every verified draft reached that position,
+        and it counts as reached with the confidence as its (expected) acceptance: a trimmed step is then
+        evidence like any other, not only the confident drafts that were verified (whose acceptance alone
+        would flatter the drafter). With k_verified = 0 (all trimmed) the step is a drafting step too.
+        """
         if not 0 <= accepted <= k_verified <= self.block_size - 1:
             raise ValueError(f"observed {accepted} accepted of {k_verified} verified drafts; expected "
                              f"0 <= accepted <= verified <= {self.block_size - 1}")
+        if next_confidence is not None and not (0.0 <= next_confidence <= 1.0 and k_verified < self.block_size - 1):
+            raise ValueError(f"next_confidence must be in [0, 1] for a draft past the {k_verified} verified, "
+                             f"got {next_confidence} (block {self.block_size})")
+        drafted = k_verified > 0 or next_confidence is not None
         # evidence (prior included) ages: by `memory` per observed drafting row, by IDLE_MEMORY per plain
         # step (which says nothing about the drafter), so a retry's outcome outweighs old rejections
-        decay = IDLE_MEMORY if k_verified == 0 else self.memory
+        decay = self.memory if drafted else IDLE_MEMORY
         self.prior_weight *= decay
         for i in range(self.block_size - 1):
             self.reached[i] *= decay
             self.accepted[i] *= decay
-        if k_verified == 0:
+        if not drafted:
             return
         if self.history is not None:
-            self.history.record(k_verified, accepted)
+            self.history.record(k_verified, accepted, next_confidence)
         self.retry_accepted += accepted
         for i in range(min(accepted + 1, k_verified)):  # positions 1..a accepted, a+1 (if verified) rejected
             self.reached[i] += 1.0
             self.accepted[i] += 1.0 if i < accepted else 0.0
+        if next_confidence is not None and accepted == k_verified:
+            self.reached[k_verified] += 1.0
+            self.accepted[k_verified] += next_confidence
 
     def trim(self, k: int, confidences: Sequence[float] | torch.Tensor) -> int:
-        """Shorten a chosen k using the drafter's own confidence in each draft. Pure; optional.
+        """Shorten a chosen k using the drafter's own confidence in each draft (`draft_confidence`). Pure.
 
-        confidences [>= k]: the drafter's softmax probability of its argmax at draft positions
-        1..k, taken as acceptance probabilities: E_j = 1 + sum_{m<=j} prod_{i<=m} c_i over
-        T_j = draft_s + verify(j + 1) (the drafter has already run). Returns the j in 0..k with
-        the best E_j / T_j: a position is kept while its expected tokens pay for its marginal
-        verify time at the step's rate. Only as good as the drafter's calibration.
+        confidences [k'] or [rows, k'] (k' >= k): the drafter's softmax probability of its argmax at draft
+        positions 1..k' of each row, taken as acceptance probabilities: E_j = sum over rows of
+        1 + sum_{m<=j} prod_{i<=m} c_i, over T_j = the drafting already paid for k drafts + verify(rows
+        (j + 1)). Returns the j in 0..k with the best E_j / T_j (ties: the shorter): a position is kept while
+        its expected tokens pay for its marginal verify time at the step's rate; j = 0 is a plain step.
+        Only as good as the drafter's calibration.
         """
-        values = confidences.tolist() if isinstance(confidences, torch.Tensor) else list(confidences)
-        if not 0 <= k <= min(len(values), self.block_size - 1):
+        values = torch.as_tensor(confidences, dtype=torch.float64).cpu()
+        values = values.reshape(1, -1) if values.dim() < 2 else values
+        rows = values.shape[0]
+        if not 0 <= k <= min(values.shape[1], self.block_size - 1):
             raise ValueError(f"trim needs 0 <= k <= {self.block_size - 1} and a confidence per draft; "
-                             f"got k={k} with {len(values)} confidences")
+                             f"got k={k} with confidences of shape {tuple(values.shape)}")
         if k == 0:
             return 0
-        expected, survive, best, best_rate = 1.0, 1.0, 0, -1.0
-        for j in range(k + 1):
-            if j:
-                survive *= min(1.0, max(0.0, float(values[j - 1])))
-                expected += survive
-            rate = expected / (self.costs.draft_s + self.costs.verify(j + 1))
-            if rate > best_rate:
-                best, best_rate = j, rate
-        return best
+        survive = values[:, :k].clamp(0.0, 1.0).cumprod(dim=1).sum(dim=0)  # [k]: expected accepted, per depth
+        expected = [float(rows)] + (rows + survive.cumsum(dim=0)).tolist()  # E_j, j = 0..k
+        sunk = self.costs.step(k, rows) - self.costs.verify(rows * (k + 1))  # the drafter pass, read-out
+        rates = [e / (sunk + self.costs.verify(rows * (j + 1))) for j, e in enumerate(expected)]
+        return max(range(k + 1), key=lambda j: (rates[j], -j))
 
 
 # ---- the table for a pair, measured once per machine ----------------------------------------------

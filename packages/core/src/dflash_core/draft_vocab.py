@@ -108,11 +108,12 @@ def read_out_for(drafter, target) -> ReadOut:
         return full_read_out(draft_head_for(drafter, target))
     head = target.model.lm_head
     packed = _packs(drafter)
-    key = (head.weight.data_ptr(), head.weight._version, head.weight.dtype, tuple(ids), packed)
-    cached = getattr(drafter, "_subset_read_out", None)
+    key = (head.weight.data_ptr(), head.weight._version, head.weight.dtype, tuple(ids))
+    # one per weight format, so switching formats (`dflash bench`'s dflash_plain_weights) rebuilds nothing
+    kept = drafter.__dict__.setdefault("_subset_read_outs", {})
+    cached = kept.get(packed)
     if cached is None or cached[0] != key:
-        cached = (key, SubsetReadOut(head, ids, packed=packed))
-        drafter._subset_read_out = cached
+        cached = kept[packed] = (key, SubsetReadOut(head, ids, packed=packed))
     return cached[1]
 
 

@@ -33,6 +33,9 @@ class DecodeProfile:
     steps: int = 0
     lookup_steps: int = 0
     """Steps (of `steps`) whose drafts were copied from the context (`dflash_core.context_lookup`)."""
+    trimmed_steps: int = 0
+    """Steps (of `steps`) that verified fewer drafts than were drafted, by the drafter's confidence
+    (`dflash_core.draft_confidence`; a step trimmed to none is a plain step after a drafter pass)."""
 
     @property
     def total_s(self) -> float:

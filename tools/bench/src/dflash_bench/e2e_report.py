@@ -47,6 +47,7 @@ def _notes(results: list[dict], *, name: str, prompts_file: Path, prompts: int, 
         "auto draft length); dflash_drafter: the same with the drafter as its only source; dflash_full: `generate` "
         "verifying the whole block of drafter drafts every step (its tau is the drafter's acceptance at block B); "
         "dflash_plain_weights: dflash with the drafter reading its own fp32 weights instead of fp16-packed copies; "
+        "dflash_trimmed: dflash verifying only the drafts the drafter's confidence says pay (`confidence_trim=True`); "
         "prompt_lookup: Hugging Face `generate(..., "
         f"prompt_lookup_num_tokens={PROMPT_LOOKUP_TOKENS})` (wall time); assisted: Hugging Face `generate(..., "
         "assistant_model=models/demo/assistant)` (wall time); hf_generate: Hugging Face `generate()` with no drafts",

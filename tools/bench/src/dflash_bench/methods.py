@@ -100,12 +100,12 @@ def run_ar(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRu
 
 
 def run_dflash(pair: Pair, batch: PromptBatch, settings: DecodeSettings, *,
-               draft_length: int | str = "auto", context_lookup: bool = True) -> MethodRun:
+               draft_length: int | str = "auto", context_lookup: bool = True, confidence_trim: bool = False) -> MethodRun:
     """DFlash `generate` (rows decoded together as one batch), by default its defaults."""
     profile = DecodeProfile()
     result = generate(pair.target, pair.drafter, batch.input_ids, attention_mask=batch.attention_mask,
-                      draft_length=draft_length, context_lookup=context_lookup, profile=profile,
-                      **_sampling(settings))
+                      draft_length=draft_length, context_lookup=context_lookup, confidence_trim=confidence_trim,
+                      profile=profile, **_sampling(settings))
     return MethodRun(result.tokens, profile.total_s, profile, result.acceptance_lengths)
 
 
@@ -117,6 +117,12 @@ def run_dflash_drafter(pair: Pair, batch: PromptBatch, settings: DecodeSettings)
 def run_dflash_full(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRun:
     """DFlash verifying the whole block every step (k = B-1): the drafter's own acceptance, tau at block B."""
     return run_dflash(pair, batch, settings, draft_length=pair.drafter.config.block_size - 1)
+
+
+def run_dflash_trimmed(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRun:
+    """DFlash defaults plus trimming each step's drafts by the drafter's confidence (`generate(...,
+    confidence_trim=True)`, `dflash_core.draft_confidence`): what the trimming buys, side by side with `dflash`."""
+    return run_dflash(pair, batch, settings, confidence_trim=True)
 
 
 def run_dflash_plain_weights(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRun:
@@ -163,6 +169,7 @@ def assisted_runner(assistant_dir: Path) -> Runner:
 
 RUNNERS: dict[str, Runner] = {"ar": run_ar, "dflash": run_dflash, "dflash_drafter": run_dflash_drafter,
                               "dflash_full": run_dflash_full, "dflash_plain_weights": run_dflash_plain_weights,
+                              "dflash_trimmed": run_dflash_trimmed,
                               "prompt_lookup": run_prompt_lookup, "hf_generate": run_hf_generate}
 DEFAULT_METHODS = ("ar", "dflash", "dflash_drafter", "dflash_full", "prompt_lookup", "assisted")
 PLANNED = {"assisted": "Hugging Face assisted generation with the small draft model models/demo/assistant"}
