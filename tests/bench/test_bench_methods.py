@@ -4,8 +4,10 @@ batch sizes a method cannot run, and one tiny end-to-end run writing JSON, Markd
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+import torch
 from tiny import save_tiny_pair
 
 from dflash_bench import e2e, methods
@@ -210,3 +212,31 @@ def test_plain_weights_beside_packed_ones_in_one_comparison(tiny):
     batch = PromptBatch.of(ids[:1], [0], pad_id=0)
     with pytest.raises(methods.NotApplicable, match="plain weights already"):
         methods.run_dflash_plain_weights(plain, batch, _settings(plain))
+
+
+def test_prompts_the_target_answers_with_one_token_are_reported_apart(tiny):
+    """A prompt whose first token is a stop token has nothing to speculate: its "speedup" is one prefill against
+    another. The per-prompt minimum over the prompts that decode is reported beside the plain one."""
+    from dflash_bench.e2e_report import _notes
+    from dflash_core import generate_autoregressive
+
+    *_, pair = tiny
+    ids = e2e.encode_prompts(pair, PROMPTS, "cpu")
+    firsts = [generate_autoregressive(pair.target, torch.tensor([p]), max_new_tokens=1).tokens[0][0] for p in ids]
+    assert firsts[0] not in firsts[1:], "the test needs prompt 0 to start differently from the others"
+    settings = DecodeSettings(8, (firsts[0],))  # prompt 0 stops at once
+    comparison = e2e.compare(pair, ids, settings, methods=("ar", "dflash"))
+    assert comparison.mismatches == [] and [len(t) for t in comparison.runs["ar"][0].tokens] == [1]
+    rows = {r["method"]: r | {"pair": "t", "backend": "torch", "dtype": "fp32", "temperature": 0.0}
+            for r in e2e.summarize(comparison)}
+    dflash = rows["dflash"]
+    assert dflash["single_token_prompts"] == [[0]] and dflash["slowest_decoding_prompts"] in ([1], [2])
+    assert dflash["speedup_min_decoding"] == min(dflash["speedup_per_batch"][1:]) >= dflash["speedup_min"]
+    notes = _notes(list(rows.values()), name="n", prompts_file=Path("p.jsonl"), prompts=3, max_new_tokens=8,
+                   rounding_note=False)
+    assert any(n.startswith("dflash, t fp32 T=0 batch 1: per-prompt minimum") and "(#0: one token" in n for n in notes)
+    assert not any(n.startswith("ar, ") for n in notes)
+    # where every prompt decodes, nothing is added
+    decoded = e2e.compare(pair, ids, _settings(pair), methods=("ar", "dflash"))
+    assert all(len(t) > 1 for run in decoded.runs["ar"] for t in run.tokens)
+    assert all("single_token_prompts" not in r for r in e2e.summarize(decoded))

@@ -134,6 +134,9 @@ def summarize(comparison: Comparison) -> list[dict]:
     ar = comparison.runs["ar"]
     ar_rates = [_rate(r) for r in ar]
     ar_total = sum(map(_count, ar)) / sum(r.seconds for r in ar)  # tokens/s of the target alone
+    # batches where the target writes one token per row (it stops at once): nothing to speculate, so their
+    # "speedup" is one prefill against another; the minimum over the batches that decode is reported beside
+    single = [i for i, r in enumerate(ar) if all(len(t) <= 1 for t in r.tokens)]
     rows = []
     for method in comparison.methods:
         row = {"method": method, "batch_size": comparison.batch_size}
@@ -150,6 +153,7 @@ def summarize(comparison: Comparison) -> list[dict]:
             "speedup_per_batch": per_batch, "prompts_per_batch": [list(b) for b in comparison.batches],
             "slowest_prompts": list(comparison.batches[slowest]), "speedup_min": min(per_batch),
             "speedup_median": statistics.median(per_batch), "speedup_max": max(per_batch),
+            **_decoding_minimum(per_batch, single, comparison.batches),
             "identical": _identical(comparison, method), **_steps(runs)})
     return rows
 
@@ -186,6 +190,18 @@ def add_ceiling(rows: list[dict], comparison: Comparison, pair: Pair, settings: 
         row.update(acceptance_by_position=[round(p, 4) for p in pooled], ceiling=ceiling,
                    ceiling_per_batch=per_batch, of_ceiling=row["speedup"] / ceiling,
                    pooled_ceiling_k=ceiling_speedup(costs, pooled, comparison.batch_size)[1])
+
+
+def _decoding_minimum(per_batch: list[float], single: list[int], batches: list[tuple[int, ...]]) -> dict:
+    """The per-batch minimum over batches where the target writes more than one token (when some do not)."""
+    if not single:
+        return {}
+    decoding = [i for i in range(len(per_batch)) if i not in single]
+    out = {"single_token_prompts": [list(batches[i]) for i in single]}
+    if decoding:
+        slowest = min(decoding, key=per_batch.__getitem__)
+        out |= {"speedup_min_decoding": per_batch[slowest], "slowest_decoding_prompts": list(batches[slowest])}
+    return out
 
 
 def _count(run: MethodRun) -> int:

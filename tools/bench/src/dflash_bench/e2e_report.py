@@ -69,6 +69,13 @@ def _notes(results: list[dict], *, name: str, prompts_file: Path, prompts: int, 
                          f"{r['speedup'] / r['tau']:.2f}")
     if rounding_note:
         notes.append(ROUNDING_NOTE)
+    for r in results:
+        if "speedup_min_decoding" in r and r["method"] != "ar":
+            single = ", ".join("#" + ",".join(map(str, b)) for b in r["single_token_prompts"])
+            slowest = ",".join(map(str, r["slowest_decoding_prompts"]))
+            notes.append(f"{r['method']}, {_config(r)} batch {r['batch_size']}: per-prompt minimum "
+                         f"{r['speedup_min_decoding']:.2f} (#{slowest}) over the prompts the target writes more than one "
+                         f"token for ({single}: one token, so one prefill against another)")
     notes.append(f"plots: {name}.png (speedup by method), {name}_per_prompt.png, {name}_batch.png (throughput)")
     return notes
 
