@@ -44,8 +44,9 @@ def test_runner_table_has_the_peers_and_one_signature(tiny):
     for name, runner in methods.RUNNERS.items():
         try:
             outputs[name] = runner(pair, batch, _settings(pair))
-        except methods.NotApplicable:  # dflash_plain_weights where the drafter could not be packed
-            assert name == "dflash_plain_weights" and pair.drafter.weight_format == "plain"
+        except methods.NotApplicable:  # a weight-format twin of dflash where the drafter has no other format
+            assert (name == "dflash_plain_weights" and pair.drafter.weight_format == "plain") or (
+                name == "dflash_fp16_weights" and pair.drafter.weight_format in ("plain", "fp16-packed")), name
     for name, run in outputs.items():
         assert len(run.tokens) == 1 and 1 <= len(run.tokens[0]) <= 8 and run.seconds > 0, name
         assert run.tokens == outputs["ar"].tokens, name  # fp32, greedy: every method is the target's decoding
@@ -202,16 +203,36 @@ def test_assisted_generation_with_a_small_assistant_matches_ar(tmp_path, capsys)
 
 def test_plain_weights_beside_packed_ones_in_one_comparison(tiny):
     *_, pair = tiny
-    if pair.drafter.weight_format == "plain":
-        pytest.skip("fp16 packing not possible or not faster here: the method is not applicable")
+    loaded = pair.drafter.weight_format
+    if loaded == "plain":
+        pytest.skip("weight copies not possible or not faster here: the method is not applicable")
     ids = e2e.encode_prompts(pair, PROMPTS, "cpu")
     comparison = e2e.compare(pair, ids, _settings(pair), methods=("ar", "dflash", "dflash_plain_weights"))
     assert comparison.compared and comparison.mismatches == [] and not comparison.not_applicable
-    assert pair.drafter.weight_format == "fp16-packed"  # switched back after every run
+    assert pair.drafter.weight_format == loaded  # switched back after every run
     plain = load_pair(tiny[1], tiny[2], dtype="fp32", drafter_weights="plain")
     batch = PromptBatch.of(ids[:1], [0], pad_id=0)
     with pytest.raises(methods.NotApplicable, match="plain weights already"):
         methods.run_dflash_plain_weights(plain, batch, _settings(plain))
+
+
+def test_fp16_copies_beside_bf16_ones_in_one_comparison(tiny, monkeypatch):
+    """dflash_fp16_weights: where the drafter decodes bf16 copies, the same decoding with fp16-packed ones (real
+    kernels; bf16 is allowed here even on a CPU that emulates it, so the test runs on every machine)."""
+    from dflash_core import packed_weights
+
+    if not packed_weights.fp16_packing_supported("cpu", torch.float32):
+        pytest.skip("FBGEMM's fp16-weight GEMM is missing here")
+    monkeypatch.setattr(packed_weights, "bf16_matmuls_supported", lambda device, dtype: dtype == torch.float32)
+    pair = load_pair(tiny[1], tiny[2], dtype="fp32", drafter_weights="bf16")
+    ids = e2e.encode_prompts(pair, PROMPTS, "cpu")
+    comparison = e2e.compare(pair, ids, _settings(pair), methods=("ar", "dflash", "dflash_fp16_weights"))
+    assert comparison.compared and comparison.mismatches == [] and not comparison.not_applicable
+    assert pair.drafter.weight_format == "bf16" and set(pair.drafter._copies) == {"bf16", "fp16-packed"}
+    packed = load_pair(tiny[1], tiny[2], dtype="fp32", drafter_weights="fp16-packed")
+    batch = PromptBatch.of(ids[:1], [0], pad_id=0)
+    with pytest.raises(methods.NotApplicable, match="fp16-packed weights already"):
+        methods.run_dflash_fp16_weights(packed, batch, _settings(packed))
 
 
 def test_prompts_the_target_answers_with_one_token_are_reported_apart(tiny):

@@ -54,15 +54,16 @@ def test_drafter_weights_flag_is_passed_on_and_checked(pair, capsys):
     args = ["generate", "--target", str(target), "--drafter", str(drafter), "--prompt", "def main(",
             "--max-new-tokens", "16", "--dtype", "fp32", "--compare-ar", "--json"]
     outputs = {}
-    for weights in ("plain", "fp16-packed"):
+    for weights in ("plain", "fp16-packed", "bf16"):
         code, out, err = _run(capsys, *args, "--drafter-weights", weights)
-        if code != 0 and "need an fp32 drafter on a CPU" in err:  # a machine without FBGEMM's fp16 kernel
+        if code != 0 and "need an fp32 drafter on a CPU" in err:  # no FBGEMM fp16 kernel / no bf16 in hardware
             continue
         assert code == 0, err
         report = json.loads(out)
         assert report["matches_ar"] is True, weights
         outputs[weights] = report["tokens"]
         assert ("note: drafter weights fp16-packed" in err) == (weights == "fp16-packed"), err
+        assert ("note: drafter weights bf16 copies" in err) == (weights == "bf16"), err
     assert len(set(map(tuple, outputs.values()))) == 1  # lossless either way: the target's own tokens
     code, _, err = _run(capsys, *args, "--drafter-weights", "int8")
     assert code == 2 and "argument --drafter-weights: invalid choice: 'int8'" in err

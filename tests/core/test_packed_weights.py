@@ -19,8 +19,8 @@ from dflash_core import draft_length, generate, load_pair
 from dflash_core.draft_length import COST_FILE, cost_table_for
 from dflash_core.draft_vocab import draft_head_for, read_out_for
 from dflash_core.errors import CompatibilityError
-from dflash_core.packed_weights import (ROW_PROBES, PackedFp16Linear, fp16_packing_supported, linear,
-                                        measure_row_limit, packed_matmuls)
+from dflash_core.packed_weights import (ROW_PROBES, PackedFp16Linear, bf16_matmuls_supported,
+                                        fp16_packing_supported, linear, measure_row_limit, packed_matmuls)
 
 pytestmark = pytest.mark.skipif(not fp16_packing_supported("cpu", torch.float32),
                                 reason="FBGEMM's fp16-weight GEMM needs a CPU with AVX2 (and a torch built with FBGEMM)")
@@ -122,7 +122,7 @@ def test_greedy_decoding_with_packed_weights_is_the_target_alone(seed, block, la
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     batch = generate(model, drafter, ids, attention_mask=mask, max_new_tokens=16, draft_length=block - 1)
     assert batch.tokens == [target_greedy(model, p, 16) for p in prompts]
-    assert drafter._packed is not None  # the packed copy is what drafted
+    assert "fp16-packed" in drafter._copies  # the packed copy is what drafted
 
 
 def test_sampling_with_packed_weights_keeps_the_target_distribution():
@@ -159,10 +159,13 @@ def test_load_pair_chooses_or_is_told_the_weight_format(tmp_path):
     assert plain.drafter.weight_format == "plain" and not any("drafter weights" in n for n in plain.notes)
     auto = load_pair(target_dir, drafter_dir, dtype="fp32")
     (note,) = [n for n in auto.notes if n.startswith("drafter weights")]
+    tried = "bf16" if bf16_matmuls_supported("cpu", torch.float32) else "fp16-packed"  # bf16 in hardware first
     if auto.drafter.weight_format == "fp16-packed":
-        assert "fp16-packed (FBGEMM, fp32 arithmetic) for" in note and "of 6 matmuls" in note
+        assert tried == "fp16-packed" and "fp16-packed (FBGEMM, fp32 arithmetic) for" in note and "of 6 matmuls" in note
+    elif auto.drafter.weight_format == "bf16":
+        assert tried == "bf16" and "bf16 copies (native bf16 matmuls, fp32 in and out) for" in note, note
     else:
-        assert note == "drafter weights plain: fp16-packed matmuls were not faster than fp32 on this CPU"
+        assert note == f"drafter weights plain: {tried} matmuls were not faster than fp32 on this CPU"
     told = load_pair(target_dir, drafter_dir, dtype="fp32", drafter_weights="fp16-packed")
     assert told.drafter.weight_format == "fp16-packed"  # asked for: kept even where it measured slower
     with pytest.raises(CompatibilityError, match=r"need an fp32 drafter"):

@@ -38,10 +38,11 @@ def add_parser(commands) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--drafter-backend", choices=["torch", "onnxruntime"], default="torch",
                    help="run the drafter in torch (default) or its exported ONNX graph with ONNX Runtime")
-    p.add_argument("--drafter-weights", choices=["auto", "plain", "fp16-packed"], default="auto",
+    p.add_argument("--drafter-weights", choices=["auto", "plain", "fp16-packed", "bf16"], default="auto",
                    help="how the torch drafter's matmuls read their weights while decoding: fp16-packed (FBGEMM, "
-                        "fp32 arithmetic; fp32 on a CPU only), plain, or auto (default: packed where it is "
-                        "possible, each matmul measuring where it beats fp32)")
+                        "fp32 arithmetic; fp32 on a CPU only), bf16 (copies multiplied natively; fp32 on a CPU "
+                        "with AMX-BF16 or AVX512-BF16), plain, or auto (default: bf16 where the CPU has it, else "
+                        "fp16-packed where possible, each matmul measuring where it beats fp32)")
     add_draft_length_arg(p)
     add_runtime_args(p, default_dtype="auto", allow_auto=True)
     p.set_defaults(run=run)

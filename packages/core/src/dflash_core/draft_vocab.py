@@ -29,7 +29,7 @@ import torch
 from .errors import CheckpointError
 from .fileio import write_json
 from .matmul_layout import matmul
-from .packed_weights import PackedFp16Linear
+from .packed_weights import DECODE_LINEARS
 from .sampling import greedy_tokens
 from .textfiles import read_json_object
 
@@ -101,49 +101,51 @@ def full_read_out(lm_head: Callable[[torch.Tensor], torch.Tensor]) -> ReadOut:
 def read_out_for(drafter, target) -> ReadOut:
     """The read-out decoding uses for this pair: over the drafter's `draft_vocab` when it has one,
     else the whole vocabulary. The subset's rows are copied once per head and kept on the drafter;
-    a drafter decoding with fp16-packed weights (`Drafter.use_weight_format`) reads out through
-    packed rows too."""
+    a drafter decoding with fp16-packed or bf16 weight copies (`Drafter.use_weight_format`) reads out
+    through such a copy of the rows too."""
     ids = getattr(drafter, "draft_vocab", None)
     if ids is None:
         return full_read_out(draft_head_for(drafter, target))
     head = target.model.lm_head
-    packed = _packs(drafter)
+    weight_format = _decoding_format(drafter)
     key = (head.weight.data_ptr(), head.weight._version, head.weight.dtype, tuple(ids))
     # one per weight format, so switching formats (`dflash bench`'s dflash_plain_weights) rebuilds nothing
     kept = drafter.__dict__.setdefault("_subset_read_outs", {})
-    cached = kept.get(packed)
+    cached = kept.get(weight_format)
     if cached is None or cached[0] != key:
-        cached = kept[packed] = (key, SubsetReadOut(head, ids, packed=packed))
+        cached = kept[weight_format] = (key, SubsetReadOut(head, ids, weight_format=weight_format))
     return cached[1]
 
 
 def draft_head_for(drafter, target) -> Callable[[torch.Tensor], torch.Tensor]:
     """The LM head drafts are read out through over the whole vocabulary (sampled drafts' q, drafters
-    without a list): the target's own, or for a drafter decoding with fp16-packed weights a packed copy
-    of it (made once per head, kept on the drafter). The target's verify always uses its own head."""
-    if not _packs(drafter):
+    without a list): the target's own, or for a drafter decoding with fp16-packed or bf16 weight copies such
+    a copy of it (made once per head and format, kept on the drafter). The target's verify always uses its
+    own head."""
+    weight_format = _decoding_format(drafter)
+    if weight_format == "plain":
         return target.logits
     head = target.model.lm_head
     key = (head.weight.data_ptr(), head.weight._version)
-    cached = getattr(drafter, "_packed_head", None)
+    kept = drafter.__dict__.setdefault("_head_copies", {})
+    cached = kept.get(weight_format)
     if cached is None or cached[0] != key:
-        cached = (key, PackedFp16Linear(head.weight, head.bias))
-        drafter._packed_head = cached
+        cached = kept[weight_format] = (key, DECODE_LINEARS[weight_format](head.weight, head.bias))
     return cached[1]
 
 
-def _packs(drafter) -> bool:
-    return getattr(drafter, "packs_weights", False)  # other backends (ONNX Runtime) have no such format
+def _decoding_format(drafter) -> str:
+    return getattr(drafter, "decoding_format", "plain")  # other backends (ONNX Runtime) have no such format
 
 
 class SubsetReadOut:
     """Drafts over a list of ids: argmax over those rows of the LM head, mapped back to token ids.
 
     Holds a contiguous copy of the rows ([N, H], same dtype and device as the head), made once, and
-    with `packed` an fp16-packed one it multiplies by instead (`packed_weights`).
+    with `weight_format` "fp16-packed" or "bf16" such a copy of them it multiplies by instead (`packed_weights`).
     """
 
-    def __init__(self, head: torch.nn.Linear, ids: list[int], *, packed: bool = False) -> None:
+    def __init__(self, head: torch.nn.Linear, ids: list[int], *, weight_format: str = "plain") -> None:
         index = torch.tensor(ids, dtype=torch.long, device=head.weight.device)
         if int(index.max()) >= head.weight.shape[0]:
             raise CheckpointError(f"draft vocabulary id {int(index.max())} is outside the target's LM head "
@@ -151,7 +153,8 @@ class SubsetReadOut:
         self.ids = index  # [N]: logits column j is token ids[j]
         self.weight = head.weight.detach().index_select(0, index).contiguous()  # [N, H]
         self.bias = None if head.bias is None else head.bias.detach().index_select(0, index)
-        self.packed = PackedFp16Linear(self.weight, self.bias) if packed else None
+        copy = DECODE_LINEARS.get(weight_format)
+        self.packed = None if copy is None else copy(self.weight, self.bias)  # fp16-packed / bf16 rows, or None
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., N]: the listed rows of the LM head only."""

@@ -20,10 +20,10 @@ from .draft_vocab import DRAFT_VOCAB_FILE, ReadOut, load_draft_vocab, save_draft
 from .dtypes import config_name, resolve_dtype
 from .errors import CheckpointError, CompatibilityError
 from .masks import block_attention_mask, window_mask
-from .packed_weights import PackedFp16Linear, fp16_packing_supported
+from . import packed_weights
 from .rope import rope_frequencies
 
-WEIGHT_FORMATS = ("plain", "fp16-packed")
+WEIGHT_FORMATS = ("plain", "fp16-packed", "bf16")
 
 class _Norm(nn.Module):
     def __init__(self, size: int) -> None:
@@ -86,7 +86,9 @@ class Drafter(nn.Module):
         )
         self._fused: tuple[tuple, graph.DrafterWeights] | None = None
         self.weight_format = "plain"  # how decoding's matmuls read the weights: `use_weight_format`
-        self._packed: tuple[graph.DrafterWeights, graph.DrafterWeights] | None = None
+        # weight format -> (the weights it was copied from, the copy decoding reads): one per format, so switching
+        # back and forth (`dflash bench`'s dflash_plain_weights) copies and re-measures nothing
+        self._copies: dict[str, tuple[graph.DrafterWeights, graph.DrafterWeights]] = {}
         self.draft_vocab: list[int] | None = None  # ids drafts are read out over (`draft_vocab`); None: all
 
     # ---- weights -----------------------------------------------------------------------------
@@ -135,29 +137,47 @@ class Drafter(nn.Module):
 
     def use_weight_format(self, weight_format: str) -> None:
         """How decoding (`extend_cache`, `draft_with_cache` and the drafts' read-out) reads the matmul
-        weights: "plain" (the parameters as they are) or "fp16-packed" (fp16 copies multiplied in fp32 by
-        FBGEMM; an fp32 drafter on a CPU only; `packed_weights`). Training and `forward` always use the
-        parameters. `load_pair(..., drafter_weights="auto")` chooses by measuring on the machine."""
+        weights: "plain" (the parameters as they are), "fp16-packed" (fp16 copies multiplied in fp32 by
+        FBGEMM; an fp32 drafter on a CPU with AVX2) or "bf16" (bf16 copies multiplied natively where each row
+        count measured faster; an fp32 drafter on a CPU with AMX-BF16 or AVX512-BF16); `packed_weights`.
+        Training and `forward` always use the parameters. `load_pair(..., drafter_weights="auto")` chooses by
+        measuring on the machine."""
         if weight_format not in WEIGHT_FORMATS:
             raise ValueError(f"weight format {weight_format!r} is not one of {', '.join(WEIGHT_FORMATS)}")
-        if weight_format == "fp16-packed" and not fp16_packing_supported(self.device, self.dtype):
+        if weight_format == "fp16-packed" and not packed_weights.fp16_packing_supported(self.device, self.dtype):
             raise CompatibilityError(f"fp16-packed weights need an fp32 drafter on a CPU with AVX2 and FBGEMM; this "
                                      f"one is {self.dtype} on {self.device} ({torch.backends.cpu.get_cpu_capability()})")
-        self.weight_format = weight_format  # the packed copy, if made, stays: switching back costs nothing
+        if weight_format == "bf16" and not packed_weights.bf16_matmuls_supported(self.device, self.dtype):
+            raise CompatibilityError(f"bf16 weight copies need an fp32 drafter on a CPU with AMX-BF16 or "
+                                     f"AVX512-BF16 (elsewhere bf16 matmuls are emulated); this one is {self.dtype} "
+                                     f"on {self.device}")
+        self.weight_format = weight_format  # a copy already made stays: switching back to it costs nothing
+
+    @property
+    def decoding_format(self) -> str:
+        """The weight format decoding reads now: `weight_format`, or "plain" where it no longer applies (the
+        drafter was moved to another device or dtype since it was asked for)."""
+        supported = {"fp16-packed": packed_weights.fp16_packing_supported,
+                     "bf16": packed_weights.bf16_matmuls_supported}.get(self.weight_format)
+        return self.weight_format if supported is not None and supported(self.device, self.dtype) else "plain"
 
     @property
     def packs_weights(self) -> bool:
-        """Whether decoding reads fp16-packed copies now (the format asked for, and still an fp32 CPU drafter)."""
-        return self.weight_format == "fp16-packed" and fp16_packing_supported(self.device, self.dtype)
+        """Whether decoding reads copies of the weights (fp16-packed or bf16) rather than the parameters."""
+        return self.decoding_format != "plain"
 
     def decode_weights(self) -> graph.DrafterWeights:
-        """`weights()` as decoding reads them: in `weight_format`, packed once per version of the parameters."""
+        """`weights()` as decoding reads them: in `weight_format`, copied once per version of the parameters
+        (the last copy of each format is kept, so switching formats back and forth copies nothing again)."""
         weights = self.weights()
-        if not self.packs_weights or torch.is_grad_enabled():
+        weight_format = self.decoding_format
+        if weight_format == "plain" or torch.is_grad_enabled():
             return weights
-        if self._packed is None or self._packed[0] is not weights:
-            self._packed = (weights, _packed_copy(weights))
-        return self._packed[1]
+        kept = self._copies.get(weight_format)
+        if kept is None or kept[0] is not weights:
+            copy = _copy_weights(weights, packed_weights.DECODE_LINEARS[weight_format])
+            kept = self._copies[weight_format] = (weights, copy)
+        return kept[1]
 
     @property
     def device(self) -> torch.device:
@@ -259,12 +279,12 @@ class Drafter(nn.Module):
             (path / DRAFT_VOCAB_FILE).unlink(missing_ok=True)
 
 
-def _packed_copy(w: graph.DrafterWeights) -> graph.DrafterWeights:
-    """The same weights with every matmul weight fp16-packed (norms and RoPE stay as they are)."""
-    layers = tuple(lw._replace(qkv=PackedFp16Linear(lw.qkv), o=PackedFp16Linear(lw.o),
-                               gate_up=PackedFp16Linear(lw.gate_up), down=PackedFp16Linear(lw.down))
+def _copy_weights(w: graph.DrafterWeights, kind) -> graph.DrafterWeights:
+    """The same weights with every matmul weight wrapped by `kind` (`PackedFp16Linear` or `Bf16Linear`, each
+    measuring where it pays); norms and RoPE stay as they are."""
+    layers = tuple(lw._replace(qkv=kind(lw.qkv), o=kind(lw.o), gate_up=kind(lw.gate_up), down=kind(lw.down))
                    for lw in w.layers)
-    return w._replace(fc=PackedFp16Linear(w.fc), context_kv=PackedFp16Linear(w.context_kv), layers=layers)
+    return w._replace(fc=kind(w.fc), context_kv=kind(w.context_kv), layers=layers)
 
 
 def load_drafter(path: str | os.PathLike, device: torch.device | str = "cpu",

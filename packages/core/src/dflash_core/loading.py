@@ -19,7 +19,8 @@ from .drafter_backend import DrafterBackend
 from .dtypes import resolve_dtype, short_name
 from .errors import CompatibilityError
 from .devices import check_device
-from .packed_weights import fp16_packing_supported, packed_matmuls
+from . import packed_weights
+from .packed_weights import packed_matmuls
 from .pairing import check_compatibility, ensure_mask_token
 from .prompts import encode_prompt, end_of_turn_ids  # noqa: F401 (encode_prompt: the front door's)
 from .target import TargetModel
@@ -110,9 +111,10 @@ def load_pair(target_dir: str | os.PathLike, drafter_dir: str | os.PathLike, *, 
     and its reason are the first of `notes`. backend "onnxruntime" runs an exported drafter graph (a
     .onnx file or a `dflash-convert --to onnx` directory) with ONNX Runtime on the CPU; the target
     stays in torch. drafter_weights (torch backend): how decoding's drafter matmuls read their weights,
-    "plain", "fp16-packed" (`dflash_core.packed_weights`), or "auto" (default): packed where the machine
-    can run it (an fp32 drafter on a CPU with FBGEMM), each matmul then measuring up to how many rows the
-    packed kernel beats fp32. The target's own forward is never touched.
+    "plain", "fp16-packed", "bf16" (`dflash_core.packed_weights`), or "auto" (default): for an fp32 drafter
+    on a CPU, bf16 copies where the CPU has bf16 in hardware (AMX-BF16, AVX512-BF16), else fp16-packed ones
+    where FBGEMM runs, each matmul then measuring at which row counts its copy beats fp32 (plain where none
+    did). The target's own forward is never touched.
     """
     if drafter_weights not in ("auto",) + WEIGHT_FORMATS:
         raise ValueError(f"drafter_weights {drafter_weights!r} is not one of auto, {', '.join(WEIGHT_FORMATS)}")
@@ -145,20 +147,34 @@ def load_pair(target_dir: str | os.PathLike, drafter_dir: str | os.PathLike, *, 
 
 
 def _choose_drafter_weights(drafter, requested: str) -> str | None:
-    """Apply `requested` to a torch drafter; a one-line note when packing was tried (what it kept)."""
-    if requested == "plain" or (requested == "auto" and not fp16_packing_supported(drafter.device, drafter.dtype)):
+    """Apply `requested` to a torch drafter; a one-line note when copies were tried (what was kept)."""
+    weight_format = requested
+    if requested == "auto":
+        weight_format = next((f for f, supported in (("bf16", packed_weights.bf16_matmuls_supported),
+                                                     ("fp16-packed", packed_weights.fp16_packing_supported))
+                              if supported(drafter.device, drafter.dtype)), "plain")
+    if weight_format == "plain":
         return None
-    drafter.use_weight_format("fp16-packed")  # explicit and unsupported: a CompatibilityError naming why
-    with torch.inference_mode():  # packs now (decoding's weights), each matmul measuring its row limit
+    drafter.use_weight_format(weight_format)  # explicit and unsupported: a CompatibilityError naming why
+    with torch.inference_mode():  # copies now (decoding's weights), each matmul measuring where it pays
         matmuls = packed_matmuls(drafter.decode_weights())
-    packed = [w for w in matmuls if w.max_rows > 0]
-    if requested == "auto" and not packed:
+    rows = [_rows_won(w) for w in matmuls]
+    won = [r for r in rows if r]
+    if requested == "auto" and not won:
         drafter.use_weight_format("plain")
-        return "drafter weights plain: fp16-packed matmuls were not faster than fp32 on this CPU"
-    limits = sorted({w.max_rows for w in packed})
-    span = f"{limits[0]}" if len(limits) == 1 else f"{limits[0]}-{limits[-1]}"
-    return (f"drafter weights fp16-packed (FBGEMM, fp32 arithmetic) for {len(packed)} of {len(matmuls)} matmuls, up to "
-            f"{span} rows: measured faster than fp32 there on this CPU")
+        return f"drafter weights plain: {weight_format} matmuls were not faster than fp32 on this CPU"
+    kernel = ("fp16-packed (FBGEMM, fp32 arithmetic)" if weight_format == "fp16-packed"
+              else "bf16 copies (native bf16 matmuls, fp32 in and out)")
+    span = f"{min(min(r) for r in won)}-{max(max(r) for r in won)}" if won else "no"
+    return (f"drafter weights {kernel} for {len(won)} of {len(matmuls)} matmuls, at {span} rows: measured faster "
+            f"than fp32 there on this CPU")
+
+
+def _rows_won(copy) -> list[int]:
+    """The probed row counts at which a weight copy beat fp32 (a packed one: every probe up to its limit)."""
+    if isinstance(copy, packed_weights.PackedFp16Linear):
+        return [r for r in packed_weights.ROW_PROBES if r <= copy.max_rows]
+    return [r for r, kernel in copy.choices.items() if kernel != "fp32"]
 
 
 def stop_token_ids(target: TargetModel, tokenizer) -> list[int]:

@@ -1,4 +1,4 @@
-"""fp16-packed copies of the drafter's matmul weights, for fp32 decoding on a CPU.
+"""fp16-packed or bf16 copies of the drafter's matmul weights, for fp32 decoding on a CPU.
 
 Why: a drafting step is a handful of matmuls over 1-16 rows, so it is bound by how fast the weights
 stream in from memory (a verify of the whole block has just pushed them out of the caches), and on
@@ -13,6 +13,12 @@ sampled draft's q is computed once and used both to draw it and in the rejection
 rounding here changes which drafts are proposed, never what is committed. The target's own forward
 and logits are untouched. (A drafter stored in bf16, as the published ones are, has weights fp16
 holds exactly, bar values under fp16's normal range.)
+
+On a CPU with bf16 in hardware (AMX, AVX512-BF16) a bf16 copy multiplied natively can be faster still
+(`Bf16Linear`): on a 2-core Intel Xeon with AMX (torch 2.13.0+cpu, oneDNN) fp32 `F.linear` over 16 rows took
+130 us for the demo drafter's 2,048 x 384 and 384 x 1,024 projections and 119 us for the 1,920-row read-out,
+bf16 copies 42, 36 and 40 us (W @ x.T layout, casts included), fp16-packed ones 152, 74 and 144 us; over one row
+fp32 won everything (bf16 25-55 us against 6-25). So a bf16 copy is chosen per row count, not per matmul.
 
 Whether it pays is measured, not assumed: each packed matmul times itself against fp32 at a few row
 counts when it is made (`measure_row_limit`) and falls back to fp32 above the rows where it lost;
@@ -40,6 +46,22 @@ def fp16_packing_supported(device: torch.device | str, dtype: torch.dtype) -> bo
     return torch.backends.cpu.get_cpu_capability() not in ("DEFAULT", "NO AVX", "")
 
 
+@functools.lru_cache(maxsize=None)
+def bf16_matmuls_supported(device: torch.device | str, dtype: torch.dtype) -> bool:
+    """True where bf16 copies can pay: an fp32 drafter on a CPU whose flags show bf16 in hardware (AMX-BF16 or
+    AVX512-BF16; elsewhere bf16 matmuls are emulated, several times slower than fp32). Cached per process."""
+    from .auto_dtype import cpu_facts  # /proc/cpuinfo, read once per process
+
+    if torch.device(device).type != "cpu" or dtype != torch.float32:
+        return False
+    return bool({"amx_bf16", "avx512_bf16"} & set(cpu_facts()[1]))
+
+
+def _check_weight(weight: torch.Tensor) -> None:
+    if weight.dim() != 2 or weight.dtype != torch.float32 or weight.device.type != "cpu":
+        raise ValueError(f"expected a 2D fp32 CPU weight, got {tuple(weight.shape)} {weight.dtype} on {weight.device}")
+
+
 # row counts a packed weight is timed at against fp32 (`measure_row_limit`): one row (a KV injection of one
 # accepted token, a read-out of one draft), a block's worth, and the multiples a batch of rows drafts
 ROW_PROBES = (1, 8, 16, 32, 64, 128, 256)
@@ -58,8 +80,7 @@ class PackedFp16Linear:
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, max_rows: int | None = None) -> None:
-        if weight.dim() != 2 or weight.dtype != torch.float32 or weight.device.type != "cpu":
-            raise ValueError(f"expected a 2D fp32 CPU weight, got {tuple(weight.shape)} {weight.dtype} on {weight.device}")
+        _check_weight(weight)
         self.out_features, self.in_features = weight.shape
         self.weight = weight.detach()
         self.bias = None if bias is None else bias.detach().float().contiguous()
@@ -111,19 +132,88 @@ def measure_row_limit(linear: PackedFp16Linear, repeats: int = 5) -> int:
     return limit
 
 
-Weight = torch.Tensor | PackedFp16Linear
+# row counts a bf16 copy is timed at (`Bf16Linear`): every power of two, since on the AMX Xeon above fp32 won at
+# 1 and 2 rows for some matmuls and lost from 4 on; an input is costed as the next probe up (the last beyond it)
+BF16_ROW_PROBES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BF16_KERNELS = ("fp32", "bf16", "bf16-transposed")
+
+
+class Bf16Linear:
+    """y = x @ W.T (+ bias) for fp32 x [..., K] -> [..., N] fp32, with a bf16 copy of W [N, K] beside the fp32 one.
+
+    Per row bucket (the next of BF16_ROW_PROBES at or above the input's rows) one of three kernels, the fastest
+    measured when the copy is made (`measure_kernels`), unless `choices` fixes them: "fp32" (`F.linear` on the
+    original weight, kept by reference), "bf16" (x cast to bf16, `F.linear` on the copy, cast back) or
+    "bf16-transposed" (the same as (W @ x.T).T, so the GEMM streams W as its left operand: on the AMX Xeon
+    above the faster bf16 layout at every row count). Products accumulate in fp32 inside oneDNN; inputs and
+    weights are rounded to bf16, which moves drafts, never what the target commits.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                 choices: dict[int, str] | None = None) -> None:
+        _check_weight(weight)
+        self.out_features, self.in_features = weight.shape
+        self.weight = weight.detach()
+        self.bias = None if bias is None else bias.detach().float().contiguous()
+        self.copy = self.weight.to(torch.bfloat16).contiguous()  # [N, K]
+        self.choices = measure_kernels(self) if choices is None else dict(choices)  # probe rows -> kernel
+
+    def kernel_for(self, rows: int) -> str:
+        bucket = next((probe for probe in BF16_ROW_PROBES if probe >= rows), BF16_ROW_PROBES[-1])
+        return self.choices.get(bucket, "fp32")
+
+    def product(self, kernel: str, flat: torch.Tensor) -> torch.Tensor:
+        """flat [rows, K] fp32 -> [rows, N] fp32 through `kernel` (one of BF16_KERNELS)."""
+        if kernel == "fp32":
+            return F.linear(flat, self.weight, self.bias)
+        if kernel == "bf16":
+            out = F.linear(flat.to(torch.bfloat16), self.copy).float()
+        else:
+            out = torch.mm(self.copy, flat.to(torch.bfloat16).t()).t().float()  # [rows, N] from [N, rows]
+        return out if self.bias is None else out + self.bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        kernel = self.kernel_for(flat.shape[0])
+        if kernel == "fp32":
+            return F.linear(x, self.weight, self.bias)
+        return self.product(kernel, flat.float()).reshape(*x.shape[:-1], self.out_features)
+
+
+def measure_kernels(linear: Bf16Linear, repeats: int = 5) -> dict[int, str]:
+    """Per probe of BF16_ROW_PROBES, the fastest of BF16_KERNELS: each keeps its fastest of `repeats` calls, the
+    three alternating (as in decoding, where each matmul runs once a step with the verify in between); a bf16
+    kernel must beat fp32 by WIN_MARGIN to be chosen."""
+    choices = {}
+    for rows in BF16_ROW_PROBES:
+        x = torch.randn(rows, linear.in_features)
+        best = dict.fromkeys(BF16_KERNELS, float("inf"))
+        for round_ in range(repeats + 1):  # round 0 warms up
+            for kernel in BF16_KERNELS:
+                started = time.perf_counter()
+                linear.product(kernel, x)
+                elapsed = time.perf_counter() - started
+                if round_:
+                    best[kernel] = min(best[kernel], elapsed)
+        fastest = min(BF16_KERNELS[1:], key=best.__getitem__)
+        choices[rows] = fastest if best[fastest] <= WIN_MARGIN * best["fp32"] else "fp32"
+    return choices
+
+
+DECODE_LINEARS = {"fp16-packed": PackedFp16Linear, "bf16": Bf16Linear}  # weight format -> its matmul class
+Weight = torch.Tensor | PackedFp16Linear | Bf16Linear
 
 
 def linear(x: torch.Tensor, weight: Weight) -> torch.Tensor:
-    """F.linear(x, weight) for a plain weight tensor, or the packed kernel for a `PackedFp16Linear`."""
-    if isinstance(weight, PackedFp16Linear):
+    """F.linear(x, weight) for a plain weight tensor, else the copy's own kernel (`PackedFp16Linear`, `Bf16Linear`)."""
+    if isinstance(weight, (PackedFp16Linear, Bf16Linear)):
         return weight(x)
     return F.linear(x, weight)
 
 
-def packed_matmuls(weights) -> list[PackedFp16Linear]:
-    """The packed matmul weights of a `graph.DrafterWeights` (none when it is plain)."""
+def packed_matmuls(weights) -> list[PackedFp16Linear | Bf16Linear]:
+    """The packed (or bf16-copied) matmul weights of a `graph.DrafterWeights` (none when it is plain)."""
     found = [weights.fc, weights.context_kv]
     for layer in weights.layers:
         found += [layer.qkv, layer.o, layer.gate_up, layer.down]
-    return [w for w in found if isinstance(w, PackedFp16Linear)]
+    return [w for w in found if isinstance(w, (PackedFp16Linear, Bf16Linear))]

@@ -22,7 +22,7 @@ import torch
 
 from dflash_core.autoregressive import generate_autoregressive
 from dflash_core.decoding import generate
-from dflash_core.errors import DFlashError
+from dflash_core.errors import CompatibilityError, DFlashError
 from dflash_core.loading import Pair
 from dflash_core.profiling import DecodeProfile, sync_device
 
@@ -126,18 +126,31 @@ def run_dflash_trimmed(pair: Pair, batch: PromptBatch, settings: DecodeSettings)
 
 
 def run_dflash_plain_weights(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRun:
-    """DFlash defaults with the drafter reading its own weights, where it decodes fp16-packed ones
-    (`dflash_core.packed_weights`): what the packing buys, side by side with `dflash`."""
+    """DFlash defaults with the drafter reading its own weights, where it decodes fp16-packed or bf16 copies
+    (`dflash_core.packed_weights`): what the copies buy, side by side with `dflash`."""
+    return _dflash_with_weights(pair, batch, settings, "plain")
+
+
+def run_dflash_fp16_weights(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRun:
+    """DFlash defaults with the drafter decoding fp16-packed copies, where it decodes another format (bf16
+    copies, on a CPU with bf16 in hardware): the two kinds of copy side by side."""
+    return _dflash_with_weights(pair, batch, settings, "fp16-packed")
+
+
+def _dflash_with_weights(pair: Pair, batch: PromptBatch, settings: DecodeSettings, weight_format: str) -> MethodRun:
     drafter = pair.drafter
-    if getattr(drafter, "weight_format", "plain") == "plain":
-        raise NotApplicable("the drafter decodes with plain weights already (fp16 packing: an fp32 drafter on a CPU "
-                            "with FBGEMM, and `load_pair(..., drafter_weights=\"auto\")` keeping it)")
-    packed_format = drafter.weight_format
-    drafter.use_weight_format("plain")
+    loaded = getattr(drafter, "weight_format", "plain")
+    if loaded == weight_format or loaded == "plain":
+        raise NotApplicable(f"the drafter decodes with {loaded} weights already (weight copies: an fp32 drafter on a "
+                            "CPU, and `load_pair(..., drafter_weights=\"auto\")` keeping them)")
+    try:
+        drafter.use_weight_format(weight_format)
+    except CompatibilityError as exc:
+        raise NotApplicable(str(exc)) from None
     try:
         return run_dflash(pair, batch, settings)
     finally:
-        drafter.use_weight_format(packed_format)
+        drafter.use_weight_format(loaded)
 
 
 def run_prompt_lookup(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRun:
@@ -169,6 +182,7 @@ def assisted_runner(assistant_dir: Path) -> Runner:
 
 RUNNERS: dict[str, Runner] = {"ar": run_ar, "dflash": run_dflash, "dflash_drafter": run_dflash_drafter,
                               "dflash_full": run_dflash_full, "dflash_plain_weights": run_dflash_plain_weights,
+                              "dflash_fp16_weights": run_dflash_fp16_weights,
                               "dflash_trimmed": run_dflash_trimmed,
                               "prompt_lookup": run_prompt_lookup, "hf_generate": run_hf_generate}
 DEFAULT_METHODS = ("ar", "dflash", "dflash_drafter", "dflash_full", "prompt_lookup", "assisted")

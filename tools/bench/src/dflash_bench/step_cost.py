@@ -9,7 +9,8 @@ Measured on one pair, after a cached context of `--context` tokens, each the fas
 - verify width q: the same HF forward over q tokens, and our `TargetModel` forward (feature hooks,
   final hidden) + LM head + argmax over q tokens, the verification the decoder really runs;
 - drafting, in each weight format the drafter can decode with (plain; fp16-packed for an fp32 drafter
-  on a CPU with FBGEMM, rows marked [plain] / [fp16-packed]; `dflash_core.packed_weights`): one block
+  on a CPU with FBGEMM; bf16 copies where the CPU has bf16 in hardware; rows marked [plain] /
+  [fp16-packed] / [bf16]; `dflash_core.packed_weights`): one block
   pass (`draft_with_cache`), the read-out of k drafts as greedy decoding does it, and the KV
   injection of one accepted token (`extend_cache`); then a whole drafting step (injection of one
   token, block pass, read-out of one draft) timed twice: back to back, and right after a verify of
@@ -87,9 +88,10 @@ def measure(pair, *, context: int, repeats: int, compile_draft: bool = False) ->
 
 
 def _possible_formats(drafter) -> tuple[str, ...]:
-    from dflash_core.packed_weights import fp16_packing_supported
+    from dflash_core.packed_weights import bf16_matmuls_supported, fp16_packing_supported
 
-    return ("plain", "fp16-packed") if fp16_packing_supported(drafter.device, drafter.dtype) else ("plain",)
+    checks = (("fp16-packed", fp16_packing_supported), ("bf16", bf16_matmuls_supported))
+    return ("plain",) + tuple(name for name, supported in checks if supported(drafter.device, drafter.dtype))
 
 
 def _drafting_rows(pair, out, ids, positions, context: int, verify, repeats: int, *,

@@ -1,0 +1,169 @@
+"""bf16 copies of the drafter's matmul weights for fp32 CPU decoding (`Bf16Linear`): each kernel's numbers, the
+choice per row count, who may use them, and that decoding with them stays exactly lossless.
+
+The kernels are real torch bf16 matmuls; on a CPU without bf16 in hardware they are emulated (slow, still the same
+numbers), so where a test needs the format it allows it on every machine by patching the hardware check only."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_draft_length import _refuse, _tiny_pair
+from test_greedy_lossless import target_greedy
+from test_sampling_lossless import ALPHA, PROMPT, SAMPLES, STEPS, chi_square_p, exact_joint
+from tiny import drafter_config, save_tiny_pair, tiny_drafter, tiny_target
+
+from dflash_core import draft_length, generate, load_pair, packed_weights
+from dflash_core.draft_length import COST_FILE, cost_table_for
+from dflash_core.draft_vocab import draft_head_for, read_out_for
+from dflash_core.errors import CompatibilityError
+from dflash_core.packed_weights import BF16_KERNELS, BF16_ROW_PROBES, Bf16Linear, measure_kernels, packed_matmuls
+
+
+@pytest.fixture
+def bf16_allowed(monkeypatch):
+    """The format allowed for fp32 CPU drafters whatever the CPU (only the hardware check is patched)."""
+    monkeypatch.setattr(packed_weights, "bf16_matmuls_supported",
+                        lambda device, dtype: torch.device(device).type == "cpu" and dtype == torch.float32)
+
+
+def _bf16_everywhere(drafter, model, kernel: str = "bf16-transposed") -> None:
+    """Copy the drafter (and its read-out heads) to bf16 for decoding, with `kernel` at every row count."""
+    drafter.use_weight_format("bf16")
+    with torch.inference_mode():
+        matmuls = packed_matmuls(drafter.decode_weights())
+        target = SimpleNamespace(model=model)
+        heads = [draft_head_for(drafter, target)]
+        if drafter.draft_vocab is not None:
+            heads.append(read_out_for(drafter, target).packed)
+    assert len(matmuls) == 2 + 4 * len(drafter.layers) and all(isinstance(w, Bf16Linear) for w in matmuls + heads)
+    for w in matmuls + heads:
+        w.choices = dict.fromkeys(BF16_ROW_PROBES, kernel)
+
+
+@pytest.mark.parametrize("kernel", ["bf16", "bf16-transposed"])
+def test_bf16_kernels_multiply_the_bf16_rounded_operands(kernel):
+    gen = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(40, 24, generator=gen), torch.randn(40, generator=gen)
+    copy = Bf16Linear(weight, bias, choices=dict.fromkeys(BF16_ROW_PROBES, kernel))
+    assert copy.weight.data_ptr() == weight.data_ptr() and copy.copy.dtype == torch.bfloat16  # original by reference
+    for shape in [(1, 24), (7, 24), (2, 5, 24), (300, 24)]:  # 300 rows: beyond the last probe, its choice
+        x = torch.randn(*shape, generator=gen)
+        out = copy(x)
+        assert out.shape == (*shape[:-1], 40) and out.dtype == torch.float32
+        rounded = F.linear(x.bfloat16().float(), weight.bfloat16().float(), bias)
+        torch.testing.assert_close(out, rounded, rtol=2e-2, atol=2e-2)  # bf16 products, fp32 sums
+        assert not torch.allclose(out, F.linear(x, weight, bias), rtol=0, atol=1e-4)  # really the bf16 copy
+
+
+def test_each_row_count_takes_its_buckets_kernel_and_fp32_is_exact():
+    gen = torch.Generator().manual_seed(1)
+    weight = torch.randn(16, 8, generator=gen)
+    copy = Bf16Linear(weight, choices={1: "fp32", 2: "bf16", 4: "fp32", 8: "bf16-transposed"})
+    assert [copy.kernel_for(r) for r in (1, 2, 3, 4, 5, 8, 9, 256, 10**6)] == [
+        "fp32", "bf16", "fp32", "fp32", "bf16-transposed", "bf16-transposed", "fp32", "fp32", "fp32"]  # unset: fp32
+    for rows in (1, 3, 4, 9):
+        x = torch.randn(rows, 8, generator=gen)
+        assert torch.equal(copy(x), F.linear(x, weight))  # fp32 buckets are plain F.linear on the original
+    x = torch.randn(2, 8, generator=gen)
+    assert not torch.equal(copy(x), F.linear(x, weight))
+    measured = measure_kernels(copy, repeats=1)
+    assert set(measured) == set(BF16_ROW_PROBES) and set(measured.values()) <= set(BF16_KERNELS)
+    assert set(Bf16Linear(weight).choices.values()) <= set(BF16_KERNELS)  # choices None: measured when made
+
+
+@pytest.mark.parametrize("weight", [torch.zeros(4, 4, dtype=torch.bfloat16), torch.zeros(2, 4, 4), torch.zeros(4)])
+def test_weights_it_cannot_copy_are_refused_by_name(weight):
+    with pytest.raises(ValueError, match=r"expected a 2D fp32 CPU weight, got"):
+        Bf16Linear(weight)
+
+
+def test_the_format_is_for_fp32_cpu_drafters_on_bf16_hardware_only(monkeypatch):
+    assert not packed_weights.bf16_matmuls_supported("cpu", torch.bfloat16)
+    assert not packed_weights.bf16_matmuls_supported("meta", torch.float32)
+    model = tiny_target(vocab=32, layers=2)
+    drafter = tiny_drafter(drafter_config(model, block_size=4))
+    monkeypatch.setattr(packed_weights, "bf16_matmuls_supported", lambda device, dtype: False)
+    with pytest.raises(CompatibilityError, match=r"bf16 weight copies need an fp32 drafter on a CPU with AMX-BF16"):
+        drafter.use_weight_format("bf16")
+    assert drafter.weight_format == "plain"
+
+
+def test_copies_follow_the_parameters_and_training_never_sees_them(bf16_allowed):
+    model = tiny_target(vocab=32, layers=2)
+    drafter = tiny_drafter(drafter_config(model, block_size=4))
+    drafter.use_weight_format("bf16")
+    assert drafter.decoding_format == "bf16" and drafter.packs_weights
+    with torch.no_grad():
+        copied = drafter.decode_weights()
+        assert len(packed_matmuls(copied)) == 6 and drafter.decode_weights() is copied  # copied once
+    assert packed_matmuls(drafter.decode_weights()) == []  # gradients on (training): the parameters
+    with torch.no_grad():
+        drafter.fc.weight.add_(0.01)  # new parameters: a fresh copy
+        assert drafter.decode_weights() is not copied and packed_matmuls(drafter.decode_weights())
+    drafter.to(torch.bfloat16)  # no longer an fp32 drafter: decoding reads the parameters
+    assert drafter.decoding_format == "plain" and not drafter.packs_weights
+
+
+@pytest.mark.parametrize("kernel", ["bf16", "bf16-transposed"])
+@pytest.mark.parametrize("seed,block,layers,draft_vocab", [(0, 4, 1, False), (1, 8, 2, True)])
+def test_greedy_decoding_with_bf16_copies_is_the_target_alone(bf16_allowed, kernel, seed, block, layers, draft_vocab):
+    model = tiny_target(vocab=64, layers=3, seed=seed)
+    drafter = tiny_drafter(drafter_config(model, block_size=block, layers=layers), seed=seed + 7)
+    if draft_vocab:
+        drafter.draft_vocab = list(range(0, 64, 2))
+    _bf16_everywhere(drafter, model, kernel)
+    prompts = [[3, 5, 7, 9, 11], [2, 4], [8, 1, 8, 1, 8, 1, 8]]
+    for k in ("auto", block - 1):
+        for prompt in prompts:
+            result = generate(model, drafter, torch.tensor([prompt]), max_new_tokens=20, draft_length=k)
+            assert result.tokens[0] == target_greedy(model, prompt, 20), (k, prompt)
+    width = max(map(len, prompts))  # ragged batch, left-padded: every row is its own greedy continuation
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    batch = generate(model, drafter, ids, attention_mask=mask, max_new_tokens=16, draft_length=block - 1)
+    assert batch.tokens == [target_greedy(model, p, 16) for p in prompts]
+    assert "bf16" in drafter._copies  # the bf16 copy is what drafted
+
+
+def test_sampling_with_bf16_copies_keeps_the_target_distribution(bf16_allowed):
+    model = tiny_target(vocab=4, layers=3, seed=21)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(0.3)  # as in test_sampling_lossless: every sequence is plausible
+    drafter = tiny_drafter(drafter_config(model, block_size=4), seed=5)
+    _bf16_everywhere(drafter, model)
+    result = generate(model, drafter, torch.tensor([PROMPT] * SAMPLES), max_new_tokens=STEPS, temperature=1.0,
+                      seed=0, draft_length=3)
+    assert result.tau > 1.05, "drafts must really be accepted for this test to mean anything"
+    counts = Counter(tuple(t) for t in result.tokens)
+    assert chi_square_p(counts, exact_joint(model, 1.0, 0, 1.0), SAMPLES) > ALPHA
+
+
+def test_bf16_drafters_are_costed_by_their_own_table(bf16_allowed, tmp_path, monkeypatch):
+    target, drafter = _tiny_pair()
+    monkeypatch.setattr(draft_length, "_MEASURED", {})
+    plain = cost_table_for(target, drafter, cache_dir=tmp_path, spot=_refuse)
+    drafter.use_weight_format("bf16")
+    copied = cost_table_for(target, drafter, cache_dir=tmp_path, spot=_refuse)
+    keys = list(json.loads((tmp_path / COST_FILE).read_text()))
+    assert copied is not plain and keys[1] == keys[0] + "|weights=bf16"
+
+
+def test_load_pair_tries_bf16_first_where_the_cpu_has_it(bf16_allowed, tmp_path):
+    target_dir, drafter_dir = save_tiny_pair(tmp_path)
+    auto = load_pair(target_dir, drafter_dir, dtype="fp32")
+    (note,) = [n for n in auto.notes if n.startswith("drafter weights")]
+    if auto.drafter.weight_format == "bf16":
+        assert "bf16 copies (native bf16 matmuls, fp32 in and out) for" in note and "of 6 matmuls, at " in note
+    else:  # emulated bf16 lost everywhere: plain, and said so
+        assert auto.drafter.weight_format == "plain"
+        assert note == "drafter weights plain: bf16 matmuls were not faster than fp32 on this CPU"
+    told = load_pair(target_dir, drafter_dir, dtype="fp32", drafter_weights="bf16")
+    assert told.drafter.weight_format == "bf16"  # asked for: kept even where it measured slower
+    with pytest.raises(CompatibilityError, match=r"bf16 weight copies need an fp32 drafter"):
+        load_pair(target_dir, drafter_dir, dtype="bf16", drafter_weights="bf16")
