@@ -7,20 +7,17 @@ numbers), so where a test needs the format it allows it on every machine by patc
 from __future__ import annotations
 
 import json
-from collections import Counter
-from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 from test_draft_length import _refuse, _tiny_pair
-from test_greedy_lossless import target_greedy
-from test_sampling_lossless import ALPHA, PROMPT, SAMPLES, STEPS, chi_square_p, exact_joint
+from test_packed_weights import (assert_greedy_is_the_target_alone, assert_samples_follow_the_target, copies_everywhere,
+                                 greedy_pair, sampling_pair)
 from tiny import drafter_config, save_tiny_pair, tiny_drafter, tiny_target
 
-from dflash_core import draft_length, generate, load_pair, packed_weights
+from dflash_core import draft_length, load_pair, packed_weights
 from dflash_core.draft_length import COST_FILE, cost_table_for
-from dflash_core.draft_vocab import draft_head_for, read_out_for
 from dflash_core.errors import CompatibilityError
 from dflash_core.packed_weights import BF16_KERNELS, BF16_ROW_PROBES, Bf16Linear, measure_kernels, packed_matmuls
 
@@ -34,16 +31,11 @@ def bf16_allowed(monkeypatch):
 
 def _bf16_everywhere(drafter, model, kernel: str = "bf16-transposed") -> None:
     """Copy the drafter (and its read-out heads) to bf16 for decoding, with `kernel` at every row count."""
-    drafter.use_weight_format("bf16")
+    everywhere = dict.fromkeys(BF16_ROW_PROBES, kernel)
+    copies_everywhere(drafter, model, "bf16", lambda copy: setattr(copy, "choices", everywhere))
     with torch.inference_mode():
-        matmuls = packed_matmuls(drafter.decode_weights())
-        target = SimpleNamespace(model=model)
-        heads = [draft_head_for(drafter, target)]
-        if drafter.draft_vocab is not None:
-            heads.append(read_out_for(drafter, target).packed)
-    assert len(matmuls) == 2 + 4 * len(drafter.layers) and all(isinstance(w, Bf16Linear) for w in matmuls + heads)
-    for w in matmuls + heads:
-        w.choices = dict.fromkeys(BF16_ROW_PROBES, kernel)
+        copies = packed_matmuls(drafter.decode_weights())
+    assert copies and all(isinstance(w, Bf16Linear) for w in copies)
 
 
 @pytest.mark.parametrize("kernel", ["bf16", "bf16-transposed"])
@@ -113,35 +105,16 @@ def test_copies_follow_the_parameters_and_training_never_sees_them(bf16_allowed)
 @pytest.mark.parametrize("kernel", ["bf16", "bf16-transposed"])
 @pytest.mark.parametrize("seed,block,layers,draft_vocab", [(0, 4, 1, False), (1, 8, 2, True)])
 def test_greedy_decoding_with_bf16_copies_is_the_target_alone(bf16_allowed, kernel, seed, block, layers, draft_vocab):
-    model = tiny_target(vocab=64, layers=3, seed=seed)
-    drafter = tiny_drafter(drafter_config(model, block_size=block, layers=layers), seed=seed + 7)
-    if draft_vocab:
-        drafter.draft_vocab = list(range(0, 64, 2))
+    model, drafter = greedy_pair(seed, block, layers, draft_vocab)
     _bf16_everywhere(drafter, model, kernel)
-    prompts = [[3, 5, 7, 9, 11], [2, 4], [8, 1, 8, 1, 8, 1, 8]]
-    for k in ("auto", block - 1):
-        for prompt in prompts:
-            result = generate(model, drafter, torch.tensor([prompt]), max_new_tokens=20, draft_length=k)
-            assert result.tokens[0] == target_greedy(model, prompt, 20), (k, prompt)
-    width = max(map(len, prompts))  # ragged batch, left-padded: every row is its own greedy continuation
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    batch = generate(model, drafter, ids, attention_mask=mask, max_new_tokens=16, draft_length=block - 1)
-    assert batch.tokens == [target_greedy(model, p, 16) for p in prompts]
+    assert_greedy_is_the_target_alone(model, drafter, block)
     assert "bf16" in drafter._copies  # the bf16 copy is what drafted
 
 
 def test_sampling_with_bf16_copies_keeps_the_target_distribution(bf16_allowed):
-    model = tiny_target(vocab=4, layers=3, seed=21)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(0.3)  # as in test_sampling_lossless: every sequence is plausible
-    drafter = tiny_drafter(drafter_config(model, block_size=4), seed=5)
+    model, drafter = sampling_pair()
     _bf16_everywhere(drafter, model)
-    result = generate(model, drafter, torch.tensor([PROMPT] * SAMPLES), max_new_tokens=STEPS, temperature=1.0,
-                      seed=0, draft_length=3)
-    assert result.tau > 1.05, "drafts must really be accepted for this test to mean anything"
-    counts = Counter(tuple(t) for t in result.tokens)
-    assert chi_square_p(counts, exact_joint(model, 1.0, 0, 1.0), SAMPLES) > ALPHA
+    assert_samples_follow_the_target(model, drafter)
 
 
 def test_bf16_drafters_are_costed_by_their_own_table(bf16_allowed, tmp_path, monkeypatch):

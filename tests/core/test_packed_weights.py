@@ -30,16 +30,22 @@ EVERY_ROW = 10**9  # a row limit no test input reaches: the packed kernel on eve
 
 def _packed_everywhere(drafter, model) -> None:
     """Pack the drafter (and its read-out heads) for decoding, with the kernel used at any row count."""
-    drafter.use_weight_format("fp16-packed")
+    copies_everywhere(drafter, model, "fp16-packed", lambda copy: setattr(copy, "max_rows", EVERY_ROW))
+
+
+def copies_everywhere(drafter, model, weight_format: str, force) -> None:
+    """Copy the drafter's matmuls and its read-out heads for decoding in `weight_format`; `force(copy)` fixes
+    the kernel each copy uses (so the copy, not fp32, runs at every row count)."""
+    drafter.use_weight_format(weight_format)
     with torch.inference_mode():
         matmuls = packed_matmuls(drafter.decode_weights())
         target = SimpleNamespace(model=model)
         heads = [draft_head_for(drafter, target)]
         if drafter.draft_vocab is not None:
             heads.append(read_out_for(drafter, target).packed)
-    assert len(matmuls) == 2 + 4 * len(drafter.layers)
-    for w in matmuls + heads:
-        w.max_rows = EVERY_ROW
+    assert len(matmuls) == 2 + 4 * len(drafter.layers) and all(h is not None for h in heads)
+    for copy in matmuls + heads:
+        force(copy)
 
 
 def test_packed_matmul_is_fp32_arithmetic_on_the_fp16_rounded_weight():
@@ -104,13 +110,17 @@ def test_weight_format_is_checked_and_training_never_sees_the_packed_copy():
         assert packed_matmuls(drafter.decode_weights()) == []
 
 
-@pytest.mark.parametrize("seed,block,layers,draft_vocab", [(0, 4, 1, False), (1, 8, 2, False), (2, 4, 2, True)])
-def test_greedy_decoding_with_packed_weights_is_the_target_alone(seed, block, layers, draft_vocab):
+def greedy_pair(seed: int, block: int, layers: int, draft_vocab: bool):
+    """A tiny target and drafter (with a read-out list when `draft_vocab`) for the weight-copy lossless tests."""
     model = tiny_target(vocab=64, layers=3, seed=seed)
     drafter = tiny_drafter(drafter_config(model, block_size=block, layers=layers), seed=seed + 7)
     if draft_vocab:
         drafter.draft_vocab = list(range(0, 64, 2))
-    _packed_everywhere(drafter, model)
+    return model, drafter
+
+
+def assert_greedy_is_the_target_alone(model, drafter, block: int) -> None:
+    """Single prompts at auto and the whole block, and a ragged batch: each row the target's greedy continuation."""
     prompts = [[3, 5, 7, 9, 11], [2, 4], [8, 1, 8, 1, 8, 1, 8]]
     for k in ("auto", block - 1):
         for prompt in prompts:
@@ -122,20 +132,37 @@ def test_greedy_decoding_with_packed_weights_is_the_target_alone(seed, block, la
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     batch = generate(model, drafter, ids, attention_mask=mask, max_new_tokens=16, draft_length=block - 1)
     assert batch.tokens == [target_greedy(model, p, 16) for p in prompts]
+
+
+@pytest.mark.parametrize("seed,block,layers,draft_vocab", [(0, 4, 1, False), (1, 8, 2, False), (2, 4, 2, True)])
+def test_greedy_decoding_with_packed_weights_is_the_target_alone(seed, block, layers, draft_vocab):
+    model, drafter = greedy_pair(seed, block, layers, draft_vocab)
+    _packed_everywhere(drafter, model)
+    assert_greedy_is_the_target_alone(model, drafter, block)
     assert "fp16-packed" in drafter._copies  # the packed copy is what drafted
 
 
-def test_sampling_with_packed_weights_keeps_the_target_distribution():
+def sampling_pair():
+    """A 4-token tiny pair where every sequence is plausible (as in test_sampling_lossless)."""
     model = tiny_target(vocab=4, layers=3, seed=21)
     with torch.no_grad():
-        model.lm_head.weight.mul_(0.3)  # as in test_sampling_lossless: every sequence is plausible
-    drafter = tiny_drafter(drafter_config(model, block_size=4), seed=5)
-    _packed_everywhere(drafter, model)
+        model.lm_head.weight.mul_(0.3)
+    return model, tiny_drafter(drafter_config(model, block_size=4), seed=5)
+
+
+def assert_samples_follow_the_target(model, drafter) -> None:
+    """Chi-square of sampled sequences against the target's exact joint; drafts really accepted."""
     result = generate(model, drafter, torch.tensor([PROMPT] * SAMPLES), max_new_tokens=STEPS, temperature=1.0,
                       seed=0, draft_length=3)
     assert result.tau > 1.05, "drafts must really be accepted for this test to mean anything"
     counts = Counter(tuple(t) for t in result.tokens)
     assert chi_square_p(counts, exact_joint(model, 1.0, 0, 1.0), SAMPLES) > ALPHA
+
+
+def test_sampling_with_packed_weights_keeps_the_target_distribution():
+    model, drafter = sampling_pair()
+    _packed_everywhere(drafter, model)
+    assert_samples_follow_the_target(model, drafter)
     again = generate(model, drafter, torch.tensor([PROMPT] * 8), max_new_tokens=12, temperature=1.0, seed=3).tokens
     assert again == generate(model, drafter, torch.tensor([PROMPT] * 8), max_new_tokens=12, temperature=1.0,
                              seed=3).tokens  # a seed still reproduces
