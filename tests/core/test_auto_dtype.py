@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-from dflash_core.auto_dtype import (CACHE_FILE, choose_dtype, default_cache_dir, model_key, probe_forward_costs,
-                                    resolve_auto_dtype)
+from dflash_core.auto_dtype import (CACHE_FILE, choose_dtype, choose_training_dtype, default_cache_dir, model_key,
+                                    probe_forward_costs, probe_training_costs, resolve_auto_dtype)
 from tiny import tiny_target
 
 
@@ -94,4 +94,52 @@ def test_real_probe_times_both_shapes_and_leaves_the_model_alone():
     costs = probe_forward_costs(model, torch.bfloat16, 4, context=8, repeats=1)
     assert costs["dtype"] == "bf16" and costs["block_size"] == 4
     assert costs["one_token_s"] > 0 and costs["block_s"] > 0
+    assert next(model.parameters()).dtype == torch.float32
+
+
+def _train_costs(fp32: float, bf16: float) -> dict:
+    return {name: {"dtype": name, "train_s": seconds, "tokens": 512} for name, seconds in (("fp32", fp32), ("bf16", bf16))}
+
+
+def test_training_choice_follows_the_training_sized_forward():
+    assert choose_training_dtype(_train_costs(2.3, 1.6), machine="this CPU (X)") == (
+        "bf16", "bf16 for training: a 512-token forward takes 0.70x the fp32 time on this CPU (X)")
+    assert choose_training_dtype(_train_costs(1.0, 3.5), machine="this CPU (X)") == (
+        "fp32", "fp32 for training: bf16 takes 3.50x the fp32 time over a 512-token forward on this CPU (X) "
+        "(needs <= 0.9x)")
+    assert choose_training_dtype(_train_costs(1.0, 0.95))[0] == "fp32"  # faster, but not by the 10% margin
+
+
+def test_training_is_its_own_question_with_its_own_cache_entry(tmp_path):
+    """The machine where this was found: decoding one token is faster in fp32, a training batch in bf16."""
+    model, calls = tiny_target(), []
+    decode, _ = resolve_auto_dtype(model, 16, device="cpu", probe=_probe(SLOW_BF16, calls), cache_dir=tmp_path)
+    train, reason = resolve_auto_dtype(model, 16, device="cpu", probe=_probe(_train_costs(2.3, 1.6), calls),
+                                       cache_dir=tmp_path, workload="train")
+    assert (decode, train) == (torch.float32, torch.bfloat16) and reason.startswith("bf16 for training:")
+    assert sorted(calls) == ["bf16"] * 3 + ["fp32"] * 3  # decode once; train twice (a bf16 verdict is confirmed)
+    keys = sorted(json.loads((tmp_path / CACHE_FILE).read_text()))
+    assert len(keys) == 2 and keys[1] == keys[0] + "|workload=train"
+    assert resolve_auto_dtype(model, 16, device="cpu", probe=_refuse, cache_dir=tmp_path,
+                              workload="train") == (torch.bfloat16, reason + " (cached)")
+    with pytest.raises(ValueError, match=r"workload 'serve' is not one of decode, train"):
+        resolve_auto_dtype(model, 16, device="cpu", cache_dir=tmp_path, workload="serve")
+
+
+def test_a_bf16_training_verdict_must_survive_a_second_probe(tmp_path):
+    bf16_times = iter([0.5, 1.2])  # a lucky first bf16 probe, then the machine as it is
+
+    def probe(model, dtype, block_size):
+        seconds = 1.0 if dtype == torch.float32 else next(bf16_times)
+        return {"dtype": "fp32" if dtype == torch.float32 else "bf16", "train_s": seconds, "tokens": 512}
+
+    chosen, reason = resolve_auto_dtype(tiny_target(), 16, device="cpu", probe=probe, cache_dir=tmp_path,
+                                        workload="train")
+    assert chosen == torch.float32 and "1.20x" in reason  # each dtype's slower probe decides
+
+
+def test_real_training_probe_times_one_batch_and_leaves_the_model_alone():
+    model = tiny_target(vocab=32, layers=2)
+    costs = probe_training_costs(model, torch.bfloat16, 4, shape=(2, 16), repeats=1)
+    assert costs["dtype"] == "bf16" and costs["tokens"] == 32 and costs["train_s"] > 0
     assert next(model.parameters()).dtype == torch.float32

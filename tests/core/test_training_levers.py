@@ -295,19 +295,23 @@ def test_grouped_blocks_equal_one_attention_over_all_blocks(group):
 
 @pytest.mark.parametrize("bf16_faster", [False, True])
 def test_auto_dtype_sets_the_training_precision(setup, tmp_path, capsys, monkeypatch, bf16_faster):
-    """The probe's verdict (seeded in the cache here: this test is about the wiring, not the clock) decides
-    both the target's dtype and bf16 autocast; a run resumed under the other verdict continues."""
+    """The training probe's verdict (seeded in the cache here: this test is about the wiring, not the clock)
+    decides both the target's dtype and bf16 autocast; a run resumed under the other verdict continues. The
+    decode probe's verdict, seeded the other way, is not what training reads."""
     from dflash_core.auto_dtype import resolve_auto_dtype
     from dflash_core.loading import load_target
 
     target, data = setup
     monkeypatch.setenv("DFLASH_CACHE_DIR", str(tmp_path / "cache"))
-    fp32, bf16 = (0.01, 0.02), ((0.006, 0.011) if bf16_faster else (0.012, 0.078))
-    costs = {n: {"dtype": n, "one_token_s": one, "block_s": blk, "block_size": 4}
-             for n, (one, blk) in (("fp32", fp32), ("bf16", bf16))}
+    fp32, bf16 = (0.01, 0.02), ((0.012, 0.078) if bf16_faster else (0.006, 0.011))  # decode: the other way
+    decode = {n: {"dtype": n, "one_token_s": one, "block_s": blk, "block_size": 4}
+              for n, (one, blk) in (("fp32", fp32), ("bf16", bf16))}
+    train = {"fp32": {"dtype": "fp32", "train_s": 1.0, "tokens": 512},
+             "bf16": {"dtype": "bf16", "train_s": 0.6 if bf16_faster else 1.3, "tokens": 512}}
     model = load_target(target, (), "fp32").model  # the cache key is the model's config, as the CLI loads it
-    resolve_auto_dtype(model, 4, device="cpu", probe=lambda m, dtype, b: costs["fp32" if dtype == torch.float32
-                                                                                else "bf16"])
+    for workload, costs in (("decode", decode), ("train", train)):
+        resolve_auto_dtype(model, 4, device="cpu", workload=workload,
+                           probe=lambda m, dtype, b, costs=costs: costs["fp32" if dtype == torch.float32 else "bf16"])
     out = tmp_path / "run"
     args = [a for a in FAST if a not in ("--dtype", "fp32")] + ["--dtype", "auto"]
     assert main(["train", "--target", str(target), "--data", str(data), "--out", str(out), "--block-size", "4",
@@ -315,7 +319,7 @@ def test_auto_dtype_sets_the_training_precision(setup, tmp_path, capsys, monkeyp
                  "--no-progress", *args]) == 0
     err = capsys.readouterr().err
     chosen = "bf16" if bf16_faster else "fp32"
-    assert re.search(rf"^dtype {chosen}\b.*\(cached\)$", err, re.M), err
+    assert re.search(rf"^dtype {chosen} for training\b.*\(cached\)$", err, re.M), err
     _, meta = load_training_state(out / "train_state")
     assert meta["train"]["bf16"] is bf16_faster
     # the same run resumed in the other precision (another machine) is continued, not refused

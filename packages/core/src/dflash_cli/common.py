@@ -25,14 +25,15 @@ def add_runtime_args(parser, *, default_dtype: str = "bf16", allow_auto: bool = 
                         help="torch intra-op threads (0: torch's default)")
 
 
-def load_target_in(target_dir: str, dtype: str, device: str, block_size: int = 16):
-    """(target, torch dtype) for --dtype; 'auto' is resolved by the measured probe and its reason printed (stderr)."""
+def load_target_in(target_dir: str, dtype: str, device: str, block_size: int = 16, *, workload: str = "decode"):
+    """(target, torch dtype) for --dtype; 'auto' is resolved by the measured probe of `workload` ("decode",
+    "train") and its reason printed (stderr)."""
     from dflash_core.dtypes import resolve_dtype
     from dflash_core.loading import load_target, load_target_auto
 
     if dtype != "auto":
         return load_target(target_dir, (), dtype, device), resolve_dtype(dtype)
-    target, dtype, reason = load_target_auto(target_dir, (), block_size, device)
+    target, dtype, reason = load_target_auto(target_dir, (), block_size, device, workload=workload)
     print(f"dtype {reason}", file=sys.stderr)
     return target, dtype
 

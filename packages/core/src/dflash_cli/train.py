@@ -118,9 +118,10 @@ def run(args) -> int:
     guard_output(args.out, inputs, force=args.force, is_own_state=lambda out: (out / STATE_DIR).is_dir())
     place = init_distributed(args.device)
     data = load_data(args.data)
-    # bf16 autocast exactly when the target runs in bf16: 'auto' picks it only where it is measured faster
+    # bf16 autocast exactly when the target runs in bf16: 'auto' picks it only where a training-sized forward
+    # is measured faster
     target, dtype = load_target_in(args.target, "fp32" if args.no_bf16 else args.dtype, str(place.device),
-                                   args.block_size)
+                                   args.block_size, workload="train")
     if place.world > 1:  # every process must train in one precision: bf16 only if all of them picked it
         agreed = torch.tensor([int(dtype == torch.bfloat16)], device=place.device)
         torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN)

@@ -14,6 +14,12 @@ thread on a shared 2-core AMD EPYC (AVX2 only, no bf16 hardware), both probes to
 1.2-2.0 s (deep copy and prefill included); bf16 was 1.5-2.4x slower over 16 tokens (0.7-1.2x
 over one token), so fp32 was chosen. On a loaded machine the timings, and so the cached choice,
 can be wrong: delete `dtype_probe.json` to measure again.
+
+Training is another workload (`workload="train"`): its matmuls run over thousands of rows, where bf16 hardware
+pays even when one decode token does not. On a 2-core Intel Xeon with AMX the demo target's decode probe chose
+fp32 (bf16 1.3x slower over one token) while a training step of the demo recipe took 1.6 s in bf16 against 2.3 s
+in fp32. So training is probed with one forward over a training-sized batch (`TRAIN_PROBE_SHAPE`, no cache) and
+gets bf16 where that is at least 10% faster, cached under its own key.
 """
 
 from __future__ import annotations
@@ -42,6 +48,9 @@ BF16_MARGIN = 0.9  # bf16 must take <= 0.9x the fp32 time on both shapes to be c
 PROBED = ("fp32", "bf16")  # the candidates, by their short names in `dtypes`
 _ISA_FLAGS = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")  # strongest first
 _VOLATILE = {"torch_dtype", "dtype", "_name_or_path", "transformers_version", "_commit_hash"}
+
+TRAIN_PROBE_SHAPE = (2, 256)  # [sequences, tokens] of the training probe: 512 rows per matmul, as a batch does
+WORKLOADS = ("decode", "train")
 
 Probe = Callable[[torch.nn.Module, torch.dtype, int], dict]
 
@@ -89,6 +98,34 @@ def probe_forward_costs(model: torch.nn.Module, dtype: torch.dtype, block_size: 
             "block_size": block_size}
 
 
+@torch.inference_mode()
+def probe_training_costs(model: torch.nn.Module, dtype: torch.dtype, block_size: int, *,
+                         shape: tuple[int, int] = TRAIN_PROBE_SHAPE, repeats: int = 2) -> dict:
+    """Seconds of one forward over a training-sized batch `shape` [sequences, tokens], no cache, in `dtype`.
+
+    A copy of `model` is cast (the original is untouched); fastest of `repeats` after one warm-up. `block_size`
+    is not used (the signature is `Probe`'s). Returns {"dtype", "train_s", "tokens"}.
+    """
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"cannot probe dtype {dtype}: expected torch.float32 or torch.bfloat16")
+    same = not model.training and next(model.parameters()).dtype == dtype
+    twin = model if same else copy.deepcopy(model).to(dtype).eval()
+    device = next(twin.parameters()).device
+    vocab = twin.get_input_embeddings().weight.shape[0]
+    ids = torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(0)).to(device)
+
+    def forward() -> float:
+        started = time.perf_counter()
+        twin(input_ids=ids, use_cache=False)
+        sync_device(device)
+        return time.perf_counter() - started
+
+    forward()  # warm-up
+    seconds = min(forward() for _ in range(repeats))
+    del twin
+    return {"dtype": short_name(dtype), "train_s": seconds, "tokens": shape[0] * shape[1]}
+
+
 # ---- choosing -----------------------------------------------------------------------------------
 def choose_dtype(costs_by_dtype: dict[str, dict], block_size: int, *, machine: str = "this machine") -> tuple[str, str]:
     """("fp32"|"bf16", one human line) from probe results keyed "fp32" and "bf16". Pure.
@@ -110,6 +147,22 @@ def choose_dtype(costs_by_dtype: dict[str, dict], block_size: int, *, machine: s
         return "fp32", f"fp32: bf16 is {worst:.1f}x slower over {shape} ({other_shape} {other:.2f}x) on {machine}"
     return "fp32", (f"fp32: bf16 saves too little on {machine} (one token {one:.2f}x, {block_size} tokens "
                     f"{block:.2f}x the fp32 time; needs <= {BF16_MARGIN}x on both)")
+
+
+def choose_training_dtype(costs_by_dtype: dict[str, dict], block_size: int = 0, *,
+                          machine: str = "this machine") -> tuple[str, str]:
+    """("fp32"|"bf16", one human line) from `probe_training_costs` results keyed "fp32" and "bf16". Pure.
+
+    bf16 when its training-sized forward takes <= BF16_MARGIN of the fp32 time. (`block_size`: unused, the
+    signature is `choose_dtype`'s.)"""
+    fp32, bf16 = costs_by_dtype.get("fp32"), costs_by_dtype.get("bf16")
+    if not fp32 or not bf16:
+        return "fp32", f"fp32 for training: bf16 was not measured on {machine}"
+    ratio, tokens = bf16["train_s"] / fp32["train_s"], fp32["tokens"]
+    if ratio <= BF16_MARGIN:
+        return "bf16", f"bf16 for training: a {tokens}-token forward takes {ratio:.2f}x the fp32 time on {machine}"
+    return "fp32", (f"fp32 for training: bf16 takes {ratio:.2f}x the fp32 time over a {tokens}-token forward on "
+                    f"{machine} (needs <= {BF16_MARGIN}x)")
 
 
 # ---- keys ----------------------------------------------------------------------------------------
@@ -197,8 +250,9 @@ def write_cache(cache_dir: Path, data: dict, filename: str = CACHE_FILE) -> None
 
 
 def _slower(a: dict, b: dict) -> dict:
-    """Per shape, the slower of two probes of one dtype (bf16 must win against fp32's worst case too)."""
-    return {**a, "one_token_s": max(a["one_token_s"], b["one_token_s"]), "block_s": max(a["block_s"], b["block_s"])}
+    """Per shape (each "..._s" time), the slower of two probes of one dtype (bf16 must win against fp32's worst
+    case too)."""
+    return {**a, **{key: max(a[key], b[key]) for key in a if key.endswith("_s")}}
 
 
 def _valid_entry(entry) -> bool:
@@ -207,30 +261,35 @@ def _valid_entry(entry) -> bool:
 
 # ---- public entry ---------------------------------------------------------------------------------
 def resolve_auto_dtype(model: torch.nn.Module, block_size: int, *, device: torch.device | str,
-                       probe: Probe | None = None,
-                       cache_dir: str | os.PathLike | None = None) -> tuple[torch.dtype, str]:
+                       probe: Probe | None = None, cache_dir: str | os.PathLike | None = None,
+                       workload: str = "decode") -> tuple[torch.dtype, str]:
     """(dtype, one reason line) for `dtype='auto'` on a Hugging Face causal LM.
 
-    CUDA: bf16, no probe. Elsewhere: the cached choice for this machine, model and block size
-    (reason ends " (cached)"), or probe fp32 and bf16 now, choose, and cache. `probe(model, dtype,
-    block_size) -> costs` replaces `probe_forward_costs` (tests inject timings through it).
+    CUDA: bf16, no probe. Elsewhere: the cached choice for this machine, model, block size and workload
+    (reason ends " (cached)"), or probe fp32 and bf16 now, choose, and cache. `workload` "decode" times the
+    decode and verify shapes (`probe_forward_costs`), "train" a training-sized forward (`probe_training_costs`).
+    `probe(model, dtype, block_size) -> costs` replaces the workload's probe (tests inject timings through it).
     """
+    if workload not in WORKLOADS:
+        raise ValueError(f"workload {workload!r} is not one of {', '.join(WORKLOADS)}")
     device = torch.device(device)
     if device.type == "cuda":
         return torch.bfloat16, f"bf16: {describe_machine(device)} supports it"
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     key = f"{machine_key(device)}|model={model_key(model, block_size)[:16]}|block={block_size}"
+    key += "" if workload == "decode" else f"|workload={workload}"  # decode keys as they always were
     data = read_cache(cache_dir)
     entry = data.get(key)
     if _valid_entry(entry):
         return resolve_dtype(entry["choice"]), entry["reason"] + " (cached)"
-    probe = probe or probe_forward_costs
+    probe = probe or (probe_forward_costs if workload == "decode" else probe_training_costs)
+    choose = choose_dtype if workload == "decode" else choose_training_dtype
     costs = {name: probe(model, resolve_dtype(name), block_size) for name in PROBED}
-    choice, reason = choose_dtype(costs, block_size, machine=describe_machine(device))
+    choice, reason = choose(costs, block_size, machine=describe_machine(device))
     if choice == "bf16":  # a busy machine can fake a bf16 win once: it must win a second probe too
         again = {name: probe(model, resolve_dtype(name), block_size) for name in PROBED}
-        choice, reason = choose_dtype({name: _slower(costs[name], again[name]) for name in PROBED}, block_size,
-                                      machine=describe_machine(device))
+        choice, reason = choose({name: _slower(costs[name], again[name]) for name in PROBED}, block_size,
+                                machine=describe_machine(device))
     data[key] = {"costs": costs, "choice": choice, "reason": reason,
                  "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     write_cache(cache_dir, data)

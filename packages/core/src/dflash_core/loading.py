@@ -58,17 +58,18 @@ def load_target(path: str | os.PathLike, layer_ids=(), dtype: str | torch.dtype 
     return TargetModel(model.to(device).eval(), layer_ids)
 
 
-def load_target_auto(path: str | os.PathLike, layer_ids=(), block_size: int = 16,
-                     device: str | torch.device = "cpu") -> tuple[TargetModel, torch.dtype, str]:
+def load_target_auto(path: str | os.PathLike, layer_ids=(), block_size: int = 16, device: str | torch.device = "cpu",
+                     *, workload: str = "decode") -> tuple[TargetModel, torch.dtype, str]:
     """`load_target` in the precision `dtype='auto'` picks: (target, its dtype, one line naming the choice and why).
 
-    The target is loaded in fp32, probed (`dflash_core.auto_dtype`: forwards over 1 and `block_size` new
-    tokens, cached per machine and model) and cast to bf16 only where bf16 is measured faster here.
-    Training and data generation use it too: on a CPU without bf16 hardware they are several times
-    faster in fp32.
+    The target is loaded in fp32, probed (`dflash_core.auto_dtype`, cached per machine and model) and cast
+    to bf16 only where bf16 is measured faster here for `workload`: "decode" (forwards over 1 and
+    `block_size` new tokens) or "train" (a training-sized forward; `dflash train`, the demo build's data and
+    training): on a CPU without bf16 hardware both are several times faster in fp32, and on one with AMX a
+    training batch can gain from bf16 where one decode token does not.
     """
     target = load_target(path, layer_ids, "fp32", device)
-    chosen, reason = resolve_auto_dtype(target.model, block_size, device=torch.device(device))
+    chosen, reason = resolve_auto_dtype(target.model, block_size, device=torch.device(device), workload=workload)
     target.model.to(chosen)
     return target, chosen, reason
 

@@ -127,7 +127,7 @@ def load_demo_target(out: Path, recipe: DemoRecipe, device: str):
     """
     from dflash_core.loading import load_target_auto
 
-    target, dtype, reason = load_target_auto(out / "target", (), recipe.block_size, device)
+    target, dtype, reason = load_target_auto(out / "target", (), recipe.block_size, device, workload="train")
     print(f"demo target dtype {reason}", flush=True)
     return target, dtype == torch.bfloat16
 
