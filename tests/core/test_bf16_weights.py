@@ -6,18 +6,14 @@ numbers), so where a test needs the format it allows it on every machine by patc
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 import torch.nn.functional as F
-from test_draft_length import _refuse, _tiny_pair
-from test_packed_weights import (assert_greedy_is_the_target_alone, assert_samples_follow_the_target, copies_everywhere,
-                                 greedy_pair, sampling_pair)
+from test_packed_weights import (assert_costed_by_its_own_table, assert_greedy_is_the_target_alone,
+                                 assert_samples_follow_the_target, copies_everywhere, greedy_pair, sampling_pair)
 from tiny import drafter_config, save_tiny_pair, tiny_drafter, tiny_target
 
-from dflash_core import draft_length, load_pair, packed_weights
-from dflash_core.draft_length import COST_FILE, cost_table_for
+from dflash_core import load_pair, packed_weights
 from dflash_core.errors import CompatibilityError
 from dflash_core.packed_weights import BF16_KERNELS, BF16_ROW_PROBES, Bf16Linear, measure_kernels, packed_matmuls
 
@@ -118,13 +114,7 @@ def test_sampling_with_bf16_copies_keeps_the_target_distribution(bf16_allowed):
 
 
 def test_bf16_drafters_are_costed_by_their_own_table(bf16_allowed, tmp_path, monkeypatch):
-    target, drafter = _tiny_pair()
-    monkeypatch.setattr(draft_length, "_MEASURED", {})
-    plain = cost_table_for(target, drafter, cache_dir=tmp_path, spot=_refuse)
-    drafter.use_weight_format("bf16")
-    copied = cost_table_for(target, drafter, cache_dir=tmp_path, spot=_refuse)
-    keys = list(json.loads((tmp_path / COST_FILE).read_text()))
-    assert copied is not plain and keys[1] == keys[0] + "|weights=bf16"
+    assert_costed_by_its_own_table(tmp_path, monkeypatch, "bf16")
 
 
 def test_load_pair_tries_bf16_first_where_the_cpu_has_it(bf16_allowed, tmp_path):

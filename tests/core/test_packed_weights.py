@@ -168,14 +168,19 @@ def test_sampling_with_packed_weights_keeps_the_target_distribution():
                              seed=3).tokens  # a seed still reproduces
 
 
-def test_packed_drafters_are_costed_by_their_own_table(tmp_path, monkeypatch):
+def assert_costed_by_its_own_table(tmp_path, monkeypatch, weight_format: str) -> None:
+    """A drafter decoding weight copies gets a cost table of its own, keyed `|weights=<format>` after plain's."""
     target, drafter = _tiny_pair()
     monkeypatch.setattr(draft_length, "_MEASURED", {})
     plain = cost_table_for(target, drafter, cache_dir=tmp_path, spot=_refuse)
-    drafter.use_weight_format("fp16-packed")
-    packed = cost_table_for(target, drafter, cache_dir=tmp_path, spot=_refuse)
+    drafter.use_weight_format(weight_format)
+    copied = cost_table_for(target, drafter, cache_dir=tmp_path, spot=_refuse)
     keys = list(json.loads((tmp_path / COST_FILE).read_text()))
-    assert packed is not plain and keys[1] == keys[0] + "|weights=fp16-packed"  # plain keeps the keys it had
+    assert copied is not plain and keys[1] == keys[0] + f"|weights={weight_format}"  # plain keeps the keys it had
+
+
+def test_packed_drafters_are_costed_by_their_own_table(tmp_path, monkeypatch):
+    assert_costed_by_its_own_table(tmp_path, monkeypatch, "fp16-packed")
 
 
 def test_load_pair_chooses_or_is_told_the_weight_format(tmp_path):
