@@ -123,9 +123,27 @@ def test_load_pair_tries_bf16_first_where_the_cpu_has_it(bf16_allowed, tmp_path)
     (note,) = [n for n in auto.notes if n.startswith("drafter weights")]
     if auto.drafter.weight_format == "bf16":
         assert "bf16 copies (native bf16 matmuls, fp32 in and out) for" in note and "of 6 matmuls, at " in note
-    else:  # emulated bf16 lost everywhere: plain, and said so
-        assert auto.drafter.weight_format == "plain"
-        assert note == "drafter weights plain: bf16 matmuls were not faster than fp32 on this CPU"
+    elif auto.drafter.weight_format == "fp16-packed":  # bf16 lost everywhere: the next kind was tried
+        assert "fp16-packed (FBGEMM, fp32 arithmetic) for" in note
+    else:
+        assert note.startswith("drafter weights plain: bf16") and note.endswith("matmuls were not faster than fp32 on "
+                                                                                "this CPU")
+
+
+def test_auto_falls_back_to_fp16_packing_where_bf16_copies_never_win(bf16_allowed, tmp_path, monkeypatch):
+    """A CPU whose bf16 copies lose at every row count (measured here as losing) gets the fp16-packed kind next."""
+    if not packed_weights.fp16_packing_supported("cpu", torch.float32):
+        pytest.skip("FBGEMM's fp16-weight GEMM is missing here")
+    monkeypatch.setattr(packed_weights, "measure_kernels", lambda copy: dict.fromkeys(BF16_ROW_PROBES, "fp32"))
+    monkeypatch.setattr(packed_weights, "measure_row_limit", lambda copy: 8)
+    target_dir, drafter_dir = save_tiny_pair(tmp_path)
+    auto = load_pair(target_dir, drafter_dir, dtype="fp32")
+    (note,) = [n for n in auto.notes if n.startswith("drafter weights")]
+    assert auto.drafter.weight_format == "fp16-packed" and "for 6 of 6 matmuls, at 1-8 rows" in note, note
+    monkeypatch.setattr(packed_weights, "measure_row_limit", lambda copy: 0)
+    plain = load_pair(target_dir, drafter_dir, dtype="fp32")
+    assert plain.drafter.weight_format == "plain" and (
+        "drafter weights plain: bf16 and fp16-packed matmuls were not faster than fp32 on this CPU" in plain.notes)
     told = load_pair(target_dir, drafter_dir, dtype="fp32", drafter_weights="bf16")
     assert told.drafter.weight_format == "bf16"  # asked for: kept even where it measured slower
     with pytest.raises(CompatibilityError, match=r"bf16 weight copies need an fp32 drafter"):

@@ -148,27 +148,30 @@ def load_pair(target_dir: str | os.PathLike, drafter_dir: str | os.PathLike, *, 
 
 
 def _choose_drafter_weights(drafter, requested: str) -> str | None:
-    """Apply `requested` to a torch drafter; a one-line note when copies were tried (what was kept)."""
-    weight_format = requested
-    if requested == "auto":
-        weight_format = next((f for f, supported in (("bf16", packed_weights.bf16_matmuls_supported),
-                                                     ("fp16-packed", packed_weights.fp16_packing_supported))
-                              if supported(drafter.device, drafter.dtype)), "plain")
-    if weight_format == "plain":
+    """Apply `requested` to a torch drafter; a one-line note when copies were tried (what was kept). "auto" tries
+    bf16 copies where the CPU has bf16 in hardware, then fp16-packed ones where FBGEMM runs, and keeps the first
+    kind that beat fp32 at some row count."""
+    if requested == "plain":
         return None
-    drafter.use_weight_format(weight_format)  # explicit and unsupported: a CompatibilityError naming why
-    with torch.inference_mode():  # copies now (decoding's weights), each matmul measuring where it pays
-        matmuls = packed_matmuls(drafter.decode_weights())
-    rows = [_rows_won(w) for w in matmuls]
-    won = [r for r in rows if r]
-    if requested == "auto" and not won:
-        drafter.use_weight_format("plain")
-        return f"drafter weights plain: {weight_format} matmuls were not faster than fp32 on this CPU"
-    kernel = ("fp16-packed (FBGEMM, fp32 arithmetic)" if weight_format == "fp16-packed"
-              else "bf16 copies (native bf16 matmuls, fp32 in and out)")
-    span = f"{min(min(r) for r in won)}-{max(max(r) for r in won)}" if won else "no"
-    return (f"drafter weights {kernel} for {len(won)} of {len(matmuls)} matmuls, at {span} rows: measured faster "
-            f"than fp32 there on this CPU")
+    candidates = [requested] if requested != "auto" else [
+        f for f, supported in (("bf16", packed_weights.bf16_matmuls_supported),
+                               ("fp16-packed", packed_weights.fp16_packing_supported))
+        if supported(drafter.device, drafter.dtype)]
+    for weight_format in candidates:
+        drafter.use_weight_format(weight_format)  # explicit and unsupported: a CompatibilityError naming why
+        with torch.inference_mode():  # copies now (decoding's weights), each matmul measuring where it pays
+            matmuls = packed_matmuls(drafter.decode_weights())
+        won = [rows for rows in map(_rows_won, matmuls) if rows]
+        if won or requested != "auto":
+            kernel = ("fp16-packed (FBGEMM, fp32 arithmetic)" if weight_format == "fp16-packed"
+                      else "bf16 copies (native bf16 matmuls, fp32 in and out)")
+            span = f"{min(min(r) for r in won)}-{max(max(r) for r in won)}" if won else "no"
+            return (f"drafter weights {kernel} for {len(won)} of {len(matmuls)} matmuls, at {span} rows: measured "
+                    f"faster than fp32 there on this CPU")
+    if not candidates:
+        return None
+    drafter.use_weight_format("plain")
+    return f"drafter weights plain: {' and '.join(candidates)} matmuls were not faster than fp32 on this CPU"
 
 
 def _rows_won(copy) -> list[int]:
