@@ -66,16 +66,10 @@ def probe_forward_costs(model: torch.nn.Module, dtype: torch.dtype, block_size: 
     the machine only ever adds time, so the fastest run is the best estimate of the hardware.
     Returns {"dtype": "fp32"|"bf16", "one_token_s", "block_s", "block_size"}.
     """
-    if dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"cannot probe dtype {dtype}: expected torch.float32 or torch.bfloat16")
     if block_size < 1 or context < 1 or repeats < 1:
         raise ValueError(f"block_size, context and repeats must be >= 1, got {block_size}, {context}, {repeats}")
-    # a forward changes nothing, so a model already in `dtype` (and in eval mode) is used as is
-    same = not model.training and next(model.parameters()).dtype == dtype
-    twin = model if same else copy.deepcopy(model).to(dtype).eval()
-    device = next(twin.parameters()).device
-    vocab = twin.get_input_embeddings().weight.shape[0]
-    ids = torch.randint(0, vocab, (1, context + block_size), generator=torch.Generator().manual_seed(0)).to(device)
+    twin, ids = _twin_and_ids(model, dtype, (1, context + block_size))
+    device = ids.device
     cache = DynamicCache()
     cache_kw = cache_argument(twin)
     twin(input_ids=ids[:, :context], use_cache=True, **{cache_kw: cache})  # prefill once
@@ -98,6 +92,18 @@ def probe_forward_costs(model: torch.nn.Module, dtype: torch.dtype, block_size: 
             "block_size": block_size}
 
 
+def _twin_and_ids(model: torch.nn.Module, dtype: torch.dtype, shape: tuple[int, int]):
+    """(the model in `dtype` for probing, seeded random token ids of `shape` on its device). A forward changes
+    nothing, so a model already in `dtype` (and in eval mode) is used as is; otherwise a cast copy."""
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"cannot probe dtype {dtype}: expected torch.float32 or torch.bfloat16")
+    same = not model.training and next(model.parameters()).dtype == dtype
+    twin = model if same else copy.deepcopy(model).to(dtype).eval()
+    vocab = twin.get_input_embeddings().weight.shape[0]
+    ids = torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(0))
+    return twin, ids.to(next(twin.parameters()).device)
+
+
 @torch.inference_mode()
 def probe_training_costs(model: torch.nn.Module, dtype: torch.dtype, block_size: int, *,
                          shape: tuple[int, int] = TRAIN_PROBE_SHAPE, repeats: int = 2) -> dict:
@@ -106,13 +112,8 @@ def probe_training_costs(model: torch.nn.Module, dtype: torch.dtype, block_size:
     A copy of `model` is cast (the original is untouched); fastest of `repeats` after one warm-up. `block_size`
     is not used (the signature is `Probe`'s). Returns {"dtype", "train_s", "tokens"}.
     """
-    if dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"cannot probe dtype {dtype}: expected torch.float32 or torch.bfloat16")
-    same = not model.training and next(model.parameters()).dtype == dtype
-    twin = model if same else copy.deepcopy(model).to(dtype).eval()
-    device = next(twin.parameters()).device
-    vocab = twin.get_input_embeddings().weight.shape[0]
-    ids = torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(0)).to(device)
+    twin, ids = _twin_and_ids(model, dtype, shape)
+    device = ids.device
 
     def forward() -> float:
         started = time.perf_counter()

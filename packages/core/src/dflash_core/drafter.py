@@ -157,9 +157,8 @@ class Drafter(nn.Module):
     def decoding_format(self) -> str:
         """The weight format decoding reads now: `weight_format`, or "plain" where it no longer applies (the
         drafter was moved to another device or dtype since it was asked for)."""
-        supported = {"fp16-packed": packed_weights.fp16_packing_supported,
-                     "bf16": packed_weights.bf16_matmuls_supported}.get(self.weight_format)
-        return self.weight_format if supported is not None and supported(self.device, self.dtype) else "plain"
+        supported = packed_weights.format_supported(self.weight_format, self.device, self.dtype)
+        return self.weight_format if supported else "plain"
 
     @property
     def packs_weights(self) -> bool:

@@ -154,14 +154,12 @@ def _choose_drafter_weights(drafter, requested: str) -> str | None:
     if requested == "plain":
         return None
     candidates = [requested] if requested != "auto" else [
-        f for f, supported in (("bf16", packed_weights.bf16_matmuls_supported),
-                               ("fp16-packed", packed_weights.fp16_packing_supported))
-        if supported(drafter.device, drafter.dtype)]
+        f for f in ("bf16", "fp16-packed") if packed_weights.format_supported(f, drafter.device, drafter.dtype)]
     for weight_format in candidates:
         drafter.use_weight_format(weight_format)  # explicit and unsupported: a CompatibilityError naming why
         with torch.inference_mode():  # copies now (decoding's weights), each matmul measuring where it pays
             matmuls = packed_matmuls(drafter.decode_weights())
-        won = [rows for rows in map(_rows_won, matmuls) if rows]
+        won = [w.faster_rows for w in matmuls if w.faster_rows]
         if won or requested != "auto":
             kernel = ("fp16-packed (FBGEMM, fp32 arithmetic)" if weight_format == "fp16-packed"
                       else "bf16 copies (native bf16 matmuls, fp32 in and out)")
@@ -172,13 +170,6 @@ def _choose_drafter_weights(drafter, requested: str) -> str | None:
         return None
     drafter.use_weight_format("plain")
     return f"drafter weights plain: {' and '.join(candidates)} matmuls were not faster than fp32 on this CPU"
-
-
-def _rows_won(copy) -> list[int]:
-    """The probed row counts at which a weight copy beat fp32 (a packed one: every probe up to its limit)."""
-    if isinstance(copy, packed_weights.PackedFp16Linear):
-        return [r for r in packed_weights.ROW_PROBES if r <= copy.max_rows]
-    return [r for r, kernel in copy.choices.items() if kernel != "fp32"]
 
 
 def stop_token_ids(target: TargetModel, tokenizer) -> list[int]:

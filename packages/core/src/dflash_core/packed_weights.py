@@ -34,6 +34,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from .matmul_layout import row_bucket
+
 
 @functools.lru_cache(maxsize=None)
 def fp16_packing_supported(device: torch.device | str, dtype: torch.dtype) -> bool:
@@ -93,6 +95,11 @@ class PackedFp16Linear:
             self._packed_matmul(torch.zeros(1, self.in_features))
         self.max_rows = measure_row_limit(self) if max_rows is None else max_rows
 
+    @property
+    def faster_rows(self) -> list[int]:
+        """The probed row counts at which the packed kernel is used (every probe up to `max_rows`)."""
+        return [rows for rows in ROW_PROBES if rows <= self.max_rows]
+
     def _packed_matmul(self, flat: torch.Tensor) -> torch.Tensor:
         return torch.fbgemm_linear_fp16_weight_fp32_activation(flat, self.packed, self.bias)
 
@@ -116,20 +123,26 @@ def measure_row_limit(linear: PackedFp16Linear, repeats: int = 5) -> int:
     limit = 0
     for rows in ROW_PROBES:
         x = torch.randn(rows, linear.in_features)
-        best_packed = best_plain = float("inf")
-        for round_ in range(repeats + 1):  # round 0 warms up
-            started = time.perf_counter()
-            linear._packed_matmul(x)
-            packed = time.perf_counter() - started
-            started = time.perf_counter()
-            F.linear(x, linear.weight, linear.bias)
-            plain = time.perf_counter() - started
-            if round_:
-                best_packed, best_plain = min(best_packed, packed), min(best_plain, plain)
-        if best_packed > WIN_MARGIN * best_plain:
+        best = fastest_alternating({"packed": lambda: linear._packed_matmul(x),
+                                    "plain": lambda: F.linear(x, linear.weight, linear.bias)}, repeats)
+        if best["packed"] > WIN_MARGIN * best["plain"]:
             break
         limit = rows
     return limit
+
+
+def fastest_alternating(kernels: dict, repeats: int) -> dict[str, float]:
+    """name -> the fastest of `repeats` timed calls of each zero-argument kernel, the kernels called in turn
+    (after one untimed round that warms them all up), so none finds its weight hot from its own last call."""
+    best = dict.fromkeys(kernels, float("inf"))
+    for round_ in range(repeats + 1):
+        for name, run in kernels.items():
+            started = time.perf_counter()
+            run()
+            elapsed = time.perf_counter() - started
+            if round_:
+                best[name] = min(best[name], elapsed)
+    return best
 
 
 # row counts a bf16 copy is timed at (`Bf16Linear`): every power of two, since on the AMX Xeon above fp32 won at
@@ -159,8 +172,13 @@ class Bf16Linear:
         self.choices = measure_kernels(self) if choices is None else dict(choices)  # probe rows -> kernel
 
     def kernel_for(self, rows: int) -> str:
-        bucket = next((probe for probe in BF16_ROW_PROBES if probe >= rows), BF16_ROW_PROBES[-1])
-        return self.choices.get(bucket, "fp32")
+        """The kernel chosen for the power of two at or above `rows` (BF16_ROW_PROBES are 1..256; beyond, 256's)."""
+        return self.choices.get(min(row_bucket(rows), BF16_ROW_PROBES[-1]), "fp32")
+
+    @property
+    def faster_rows(self) -> list[int]:
+        """The probed row counts at which a bf16 kernel was chosen over fp32."""
+        return [rows for rows, kernel in self.choices.items() if kernel != "fp32"]
 
     def product(self, kernel: str, flat: torch.Tensor) -> torch.Tensor:
         """flat [rows, K] fp32 -> [rows, N] fp32 through `kernel` (one of BF16_KERNELS)."""
@@ -187,20 +205,20 @@ def measure_kernels(linear: Bf16Linear, repeats: int = 5) -> dict[int, str]:
     choices = {}
     for rows in BF16_ROW_PROBES:
         x = torch.randn(rows, linear.in_features)
-        best = dict.fromkeys(BF16_KERNELS, float("inf"))
-        for round_ in range(repeats + 1):  # round 0 warms up
-            for kernel in BF16_KERNELS:
-                started = time.perf_counter()
-                linear.product(kernel, x)
-                elapsed = time.perf_counter() - started
-                if round_:
-                    best[kernel] = min(best[kernel], elapsed)
+        best = fastest_alternating({k: lambda k=k: linear.product(k, x) for k in BF16_KERNELS}, repeats)
         fastest = min(BF16_KERNELS[1:], key=best.__getitem__)
         choices[rows] = fastest if best[fastest] <= WIN_MARGIN * best["fp32"] else "fp32"
     return choices
 
 
 DECODE_LINEARS = {"fp16-packed": PackedFp16Linear, "bf16": Bf16Linear}  # weight format -> its matmul class
+
+
+def format_supported(weight_format: str, device: torch.device | str, dtype: torch.dtype) -> bool:
+    """Whether a drafter on `device` in `dtype` can decode with `weight_format`'s copies ("plain": never copies)."""
+    if weight_format == "fp16-packed":
+        return fp16_packing_supported(device, dtype)
+    return weight_format == "bf16" and bf16_matmuls_supported(device, dtype)
 Weight = torch.Tensor | PackedFp16Linear | Bf16Linear
 
 
