@@ -58,6 +58,15 @@ class DraftKVCache:
         end = self.max_length
         return self.k[:, :, :, :end], self.v[:, :, :, :end]
 
+    def context_with_room(self, room: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """k, v views [L, B, g, max_len + room, d]: the filled slots and `room` free ones after them, for a
+        block's own K/V to be written into (`graph.draft_layer`'s block_in_place); None where the capacity
+        has no such room. Writing there changes no entry: the slots are past every row's length."""
+        end = self.max_length + room
+        if end > self.capacity:
+            return None
+        return self.k[:, :, :, :end], self.v[:, :, :, :end]
+
     def valid(self) -> torch.Tensor:
         """[B, max_len] True where a slot holds a real context entry."""
         slots = torch.arange(self.max_length, device=self.k.device)

@@ -173,7 +173,8 @@ class _StepTimer:
 
     def fresh_context(self) -> None:
         c = self.context
-        self.dcache = self.drafter.new_cache(1, c + 2)  # a round's two draft() calls inject 1 token each
+        # a round's two draft() calls inject 1 token each, and the block's K/V go after the context as in decoding
+        self.dcache = self.drafter.new_cache(1, c + 2 + self.drafter.config.block_size)
         self.drafter.extend_cache(self.dcache, self.out.features, self.positions[:, :c], [c])
 
     def draft(self, k: int) -> None:
@@ -474,7 +475,10 @@ class DraftLengthPolicy:
 
 # ---- the table for a pair, measured once per machine ----------------------------------------------
 COST_FILE = "cost_tables.json"
-COST_METHOD = 2  # in the cache key: tables measured by an earlier `measure_cost_table` are measured again
+# in the cache key: tables measured by an earlier `measure_cost_table`, or of an earlier, dearer drafting step
+# (3: the drafter's block pass with fewer dispatched ops and the block's K/V in the cache's free slots), are
+# measured again
+COST_METHOD = 3
 _MEASURED: dict[tuple, VerifyCostTable] = {}
 
 

@@ -27,6 +27,7 @@ class LayerWeights(NamedTuple):
     o: Weight  # [H, h * d]
     q_norm: torch.Tensor  # [d]
     k_norm: torch.Tensor  # [d]
+    qk_norm: torch.Tensor  # [h + g, d]: q_norm per query head, then k_norm per KV head (both normed in one call)
     gate_up: Weight  # [2 * I, H]
     down: Weight  # [H, I]
 
@@ -57,7 +58,17 @@ class DrafterDims:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last axis, computed in fp32 and cast back (as Qwen3RMSNorm does)."""
+    """RMSNorm over the last axis, computed in fp32 and cast back (as Qwen3RMSNorm does); `weight` [d] or any
+    shape that broadcasts over x's trailing axes (a per-head [heads, d] stack of q_norm / k_norm weights).
+
+    Where x and weight share a dtype the normalisation is one `torch.rms_norm` call without a weight (fp32
+    inside, cast back: the same operations in the same order, so the same numbers in fp32 and bf16, tested;
+    with the weight inside, its bf16 rounding differs) instead of five dispatched ops: a drafting step calls
+    this four times over a few rows, where dispatching is what costs. Under bf16 autocast (bf16 x, fp32
+    weight) and in ONNX export it is the formula itself.
+    """
+    if x.dtype == weight.dtype and not torch.onnx.is_in_onnx_export():
+        return weight * torch.rms_norm(x, (x.shape[-1],), None, eps)
     dtype = x.dtype
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
@@ -104,8 +115,18 @@ def project_features(w: DrafterWeights, dims: DrafterDims, target_hidden: torch.
     return rms_norm(projected, w.hidden_norm, dims.eps)
 
 
+def cos_sin(w: DrafterWeights, dims: DrafterDims, positions: torch.Tensor, dtype: torch.dtype,
+            table: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE cos, sin [B, T, d] of `positions` [B, T]: rows of `table` (cos, sin [P, d] for positions 0..P-1,
+    `rope.RopeTable`; decoding's two index ops) or computed from the frequencies (training, export)."""
+    if table is None:
+        return rope_cos_sin(positions, w.inv_freq, dims.rope_scaling, dtype)
+    return table[0][positions], table[1][positions]
+
+
 def inject_context(
-    w: DrafterWeights, dims: DrafterDims, target_hidden: torch.Tensor, positions: torch.Tensor
+    w: DrafterWeights, dims: DrafterDims, target_hidden: torch.Tensor, positions: torch.Tensor,
+    rope_table: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """KV injection: target features -> context K/V of every draft layer in one fused projection.
 
@@ -118,7 +139,7 @@ def inject_context(
     kv = linear(hidden, w.context_kv).view(batch, ctx, layers, 2, dims.num_kv_heads, dims.head_dim)
     kv = kv.permute(3, 2, 0, 4, 1, 5)  # [2, L, B, g, C, d]
     k = rms_norm(kv[0], w.context_k_norm[:, None, None, None, :], dims.eps)
-    cos, sin = rope_cos_sin(positions, w.inv_freq, dims.rope_scaling, k.dtype)
+    cos, sin = cos_sin(w, dims, positions, k.dtype, rope_table)
     k = apply_rope(k, cos[None, :, None], sin[None, :, None])
     return k, kv[1]
 
@@ -132,20 +153,30 @@ def draft_layer(
     cos: torch.Tensor,
     sin: torch.Tensor,
     mask: torch.Tensor | None,
+    block_in_place: bool = False,
 ) -> torch.Tensor:
-    """One decoder layer over the block. hidden [B, Q, H]; ctx_k/ctx_v [B, g, C, d]; cos/sin [B, Q, d]."""
+    """One decoder layer over the block. hidden [B, Q, H]; ctx_k/ctx_v [B, g, C, d]; cos/sin [B, Q, d].
+
+    block_in_place: ctx_k/ctx_v are [B, g, C + Q, d] views whose last Q slots are free (decoding's cache has
+    room after its context): the block's own K/V are written there instead of concatenated after a copy of
+    the whole context, a copy per layer per step that grows with the context.
+    """
     batch, q_len, _ = hidden.shape
     heads, kv_heads, d = dims.num_heads, dims.num_kv_heads, dims.head_dim
     x = rms_norm(hidden, lw.input_norm, dims.eps)
-    q, k, v = linear(x, lw.qkv).split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
-    q = rms_norm(q.view(batch, q_len, heads, d), lw.q_norm, dims.eps).transpose(1, 2)
-    k = rms_norm(k.view(batch, q_len, kv_heads, d), lw.k_norm, dims.eps).transpose(1, 2)
+    # q and k heads side by side: normed and rotated in one pass each (per-head ops, so the same numbers)
+    qk, v = linear(x, lw.qkv).split([(heads + kv_heads) * d, kv_heads * d], dim=-1)
+    qk = rms_norm(qk.view(batch, q_len, heads + kv_heads, d), lw.qk_norm, dims.eps).transpose(1, 2)
+    q, k = apply_rope(qk, cos[:, None], sin[:, None]).split([heads, kv_heads], dim=1)  # [B, h|g, Q, d]
     v = v.view(batch, q_len, kv_heads, d).transpose(1, 2)
-    q = apply_rope(q, cos[:, None], sin[:, None])
-    k = apply_rope(k, cos[:, None], sin[:, None])
     # keys/values: [injected target context ; block], queries: block only
-    k = torch.cat([ctx_k, k], dim=2)
-    v = torch.cat([ctx_v, v], dim=2)
+    if block_in_place:
+        ctx_k[:, :, -q_len:] = k
+        ctx_v[:, :, -q_len:] = v
+        k, v = ctx_k, ctx_v
+    else:
+        k = torch.cat([ctx_k, k], dim=2)
+        v = torch.cat([ctx_v, v], dim=2)
     out = attention(q, k, v, mask, d**-0.5)  # [B, h, Q, d]
     hidden = hidden + linear(out.transpose(1, 2).reshape(batch, q_len, heads * d), lw.o)
     x = rms_norm(hidden, lw.post_norm, dims.eps)
@@ -161,15 +192,18 @@ def draft_forward(
     ctx_k: torch.Tensor,
     ctx_v: torch.Tensor,
     masks: Sequence[torch.Tensor | None],
+    rope_table: tuple[torch.Tensor, torch.Tensor] | None = None,
+    block_in_place: bool = False,
 ) -> torch.Tensor:
     """The block-diffusion pass: every block position at once, non-causal inside the block.
 
     noise_embedding [B, Q, H] (target embedding of [anchor, MASK, ...]); block_positions [B, Q];
-    ctx_k/ctx_v [L, B, g, C, d] from `inject_context`; masks: per layer [B, 1, Q, C+Q] or None.
-    Returns the final-normed hidden states [B, Q, H].
+    ctx_k/ctx_v [L, B, g, C, d] from `inject_context`; masks: per layer [B, 1, Q, C+Q] or None;
+    rope_table: decoding's precomputed cos/sin rows (`cos_sin`); block_in_place: ctx_k/ctx_v end in Q free slots
+    for the block's K/V (`draft_layer`). Returns the final-normed hidden states [B, Q, H].
     """
-    cos, sin = rope_cos_sin(block_positions, w.inv_freq, dims.rope_scaling, noise_embedding.dtype)
+    cos, sin = cos_sin(w, dims, block_positions, noise_embedding.dtype, rope_table)
     hidden = noise_embedding
     for i, lw in enumerate(w.layers):
-        hidden = draft_layer(lw, dims, hidden, ctx_k[i], ctx_v[i], cos, sin, masks[i])
+        hidden = draft_layer(lw, dims, hidden, ctx_k[i], ctx_v[i], cos, sin, masks[i], block_in_place)
     return rms_norm(hidden, w.norm, dims.eps)

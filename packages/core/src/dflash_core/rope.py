@@ -50,6 +50,13 @@ def rope_cos_sin(
     return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
 
 
+def rope_table(inv_freq: torch.Tensor, scaling: float, length: int,
+               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [length, head_dim] of positions 0..length-1, each row what `rope_cos_sin` gives that position."""
+    cos, sin = rope_cos_sin(torch.arange(length, device=inv_freq.device)[None], inv_freq, scaling, dtype)
+    return cos[0], sin[0]
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

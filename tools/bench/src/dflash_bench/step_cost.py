@@ -114,7 +114,7 @@ def _drafting_rows(pair, out, ids, positions, context: int, verify, repeats: int
     rows["KV injection, 1 token"] = _fastest(lambda: _inject_one(drafter, out, positions, context), repeats, device)
 
     def fresh_context():
-        fresh = drafter.new_cache(1, context + 1)
+        fresh = drafter.new_cache(1, context + 1 + block)  # room for the block's K/V, as decoding allocates
         drafter.extend_cache(fresh, out.features, positions[:, :context], [context])
         return fresh
 
