@@ -261,9 +261,9 @@ class Drafter(nn.Module):
 
     def rope_rows(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Decoding's RoPE cos/sin table [P, d] covering `positions`, so a step indexes two tables instead of
-        computing eight ops twice (one of the changes that took the demo drafter's block pass from 0.88 to 0.68
-        ms on a 2-core AMX Xeon). On a CPU only, grown to the next power of two past the largest position (a
-        request rebuilds it a few times at most); None elsewhere, since sizing it would sync the device."""
+        computing eight ops each time (docs/architecture.md, "A drafting step is dispatching"). On a CPU only,
+        grown to the next power of two past the largest position (a request rebuilds it a few times at most);
+        None elsewhere, since sizing it would sync the device."""
         if positions.device.type != "cpu" or positions.numel() == 0:
             return None
         needed = int(positions.max()) + 1

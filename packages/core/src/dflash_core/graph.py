@@ -64,7 +64,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     Where x and weight share a dtype the normalisation is one `torch.rms_norm` call without a weight (fp32
     inside, cast back: the same operations in the same order, so the same numbers in fp32 and bf16, tested;
     with the weight inside, its bf16 rounding differs) instead of five dispatched ops: a drafting step calls
-    this four times over a few rows, where dispatching is what costs. Under bf16 autocast (bf16 x, fp32
+    this six times over a few rows, where dispatching is what costs. Under bf16 autocast (bf16 x, fp32
     weight) and in ONNX export it is the formula itself.
     """
     if x.dtype == weight.dtype and not torch.onnx.is_in_onnx_export():
@@ -118,7 +118,7 @@ def project_features(w: DrafterWeights, dims: DrafterDims, target_hidden: torch.
 def cos_sin(w: DrafterWeights, dims: DrafterDims, positions: torch.Tensor, dtype: torch.dtype,
             table: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE cos, sin [B, T, d] of `positions` [B, T]: rows of `table` (cos, sin [P, d] for positions 0..P-1,
-    `rope.RopeTable`; decoding's two index ops) or computed from the frequencies (training, export)."""
+    `rope.rope_table`; decoding's two index ops) or computed from the frequencies (training, export)."""
     if table is None:
         return rope_cos_sin(positions, w.inv_freq, dims.rope_scaling, dtype)
     return table[0][positions], table[1][positions]
