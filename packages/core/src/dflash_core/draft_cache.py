@@ -55,8 +55,7 @@ class DraftKVCache:
 
     def context(self) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v views [L, B, g, max_len, d] over the filled slots."""
-        end = self.max_length
-        return self.k[:, :, :, :end], self.v[:, :, :, :end]
+        return self.context_with_room(0)
 
     def context_with_room(self, room: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """k, v views [L, B, g, max_len + room, d]: the filled slots and `room` free ones after them, for a
