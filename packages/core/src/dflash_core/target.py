@@ -109,6 +109,13 @@ class TargetModel:
             return matmul(hidden, head.weight, head.bias)
         return head(hidden)
 
+    def plain_head_weight(self) -> torch.Tensor | None:
+        """[V, H]: the LM head's weight when the head is a bias-free `nn.Linear` without hooks (what training's
+        fused head loss can stand in for), else None."""
+        head = self.model.lm_head
+        plain = type(head) is nn.Linear and head.bias is None and not (head._forward_hooks or head._forward_pre_hooks)
+        return head.weight if plain else None
+
     # ---- forward ---------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache=None,
                 attention_mask=None) -> TargetOutput:

@@ -11,6 +11,9 @@ Labels are hard (the data's token at anchor + k), soft (the target's full next-t
 for that position: its LM head over its own final hidden state at anchor + k - 1, which the training
 step's target forward already computed) or a mix `(1-W)*hard + W*soft`. The soft term is the same
 position-weighted mean of T^2 * KL(p_target || p_drafter), both distributions at temperature T.
+
+With a plain, frozen LM head (a bias-free nn.Linear, as most Hugging Face causal LMs have) the head and loss run fused,
+chunk by chunk (`head_loss`): the same loss and gradients without the [positions, vocabulary] logits.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from ..drafter import Drafter
 from ..masks import block_attention_mask
 from ..target import TargetModel
 from .batches import Batch
+from .head_loss import head_loss
 
 
 def position_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:
@@ -128,32 +132,41 @@ def tokens_per_step(committed: torch.Tensor, valid: torch.Tensor) -> float:
     return valid.sum().item() / max(share.sum().item(), 1e-9)
 
 
+def label_weights(batch: Batch, gamma: float) -> torch.Tensor:
+    """Each label's share of the loss: w_k * label_valid / sum(w_k * label_valid), [B, N, Q-1] fp32."""
+    w = position_weights(batch.labels.shape[2] + 1, gamma, batch.labels.device) * batch.label_valid
+    return w / w.sum().clamp(min=1e-6)
+
+
+def acceptance_stats(correct: torch.Tensor, batch: Batch) -> dict:
+    """correct [B, N, Q-1] (argmax == label) -> the running estimate `tau_est` (`tokens_per_step`) and acc1."""
+    correct = correct & batch.label_valid
+    run = correct.long().cumprod(dim=-1).sum(dim=-1)  # [B, N]
+    return {"tau_est": tokens_per_step(run + 1, batch.anchor_valid),
+            "acc1": (correct[..., 0].sum() / batch.label_valid[..., 0].sum().clamp(min=1)).item()}
+
+
 def block_loss(logits: torch.Tensor, batch: Batch, gamma: float, soft: torch.Tensor | None = None,
                soft_weight: float = 0.0) -> tuple[torch.Tensor, dict]:
-    """Weighted loss over block positions 1..Q-1 and a running acceptance estimate.
+    """Weighted loss over block positions 1..Q-1 and a running acceptance estimate (the unfused form).
 
     logits [B, N, Q-1, V]; soft [B, N, Q-1] the per-position soft-label term (needed when soft_weight > 0).
     loss = (1 - soft_weight) * mean_w(cross entropy vs labels) + soft_weight * mean_w(soft), with
-    mean_w the mean weighted by w_k * label_valid. The estimate `tau_est` is `tokens_per_step`.
+    mean_w the mean weighted by w_k * label_valid (`label_weights`). `head_loss` computes the same in one pass.
     """
-    weights = position_weights(logits.shape[2] + 1, gamma, logits.device)  # [Q-1]
-    w = weights * batch.label_valid
-    total = w.sum().clamp(min=1e-6)
+    w = label_weights(batch, gamma)
     loss = logits.new_zeros((), dtype=torch.float32)
     if soft_weight < 1:
         ce = F.cross_entropy(logits.float().flatten(0, 2), batch.labels.flatten(), reduction="none")
-        loss = (ce.view_as(batch.labels) * w).sum() / total
+        loss = (ce.view_as(batch.labels) * w).sum()
         if soft_weight > 0:
             loss = (1 - soft_weight) * loss
     if soft_weight > 0:
         if soft is None:
             raise ValueError("block_loss: soft_weight > 0 needs the per-position soft term [B, N, Q-1]")
-        loss = loss + soft_weight * (torch.where(batch.label_valid, soft, 0.0) * w).sum() / total
+        loss = loss + soft_weight * (torch.where(batch.label_valid, soft, 0.0) * w).sum()
     with torch.no_grad():
-        correct = (logits.argmax(-1) == batch.labels) & batch.label_valid
-        run = correct.long().cumprod(dim=-1).sum(dim=-1)  # [B, N]
-        stats = {"tau_est": tokens_per_step(run + 1, batch.anchor_valid),
-                 "acc1": (correct[..., 0].sum() / batch.label_valid[..., 0].sum().clamp(min=1)).item()}
+        stats = acceptance_stats(logits.argmax(-1) == batch.labels, batch)
     return loss, stats
 
 
@@ -174,11 +187,25 @@ class TrainingObjective(nn.Module):
         """features [B, T, n*H]; target_hidden [B, T, H] the target's final hidden states (soft labels only)."""
         target = self._target[0]
         hidden = block_hidden(self.drafter, target, features, batch)  # [B, N, Q, H]
+        if self.soft_weight > 0 and target_hidden is None:
+            raise ValueError("soft labels need the target's final hidden states [B, T, H] (target_hidden)")
+        head = target.plain_head_weight()
+        if head is not None and not head.requires_grad:
+            return self._fused_loss(hidden, head, batch, target_hidden)
         logits = target.logits(hidden[:, :, 1:])  # frozen head; gradients flow to the drafter only
         soft = None
         if self.soft_weight > 0:
-            if target_hidden is None:
-                raise ValueError("soft labels need the target's final hidden states [B, T, H] (target_hidden)")
             teacher = teacher_hidden_at_labels(target_hidden, batch)  # [B, N, Q-1, H]
             soft = teacher_kl(logits, teacher, target.logits, self.temperature)
         return block_loss(logits, batch, self.gamma, soft, self.soft_weight)
+
+    def _fused_loss(self, hidden: torch.Tensor, head: torch.Tensor, batch: Batch,
+                    target_hidden: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
+        """`block_loss` over `target.logits`, computed by `head_loss` without the [P, V] logits."""
+        w = label_weights(batch, self.gamma).flatten()  # [P], P = B*N*(Q-1)
+        teacher = None
+        if self.soft_weight > 0:
+            teacher = teacher_hidden_at_labels(target_hidden, batch).flatten(0, 2)  # [P, H]
+        loss, correct = head_loss(hidden[:, :, 1:].flatten(0, 2), head, batch.labels.flatten(),
+                                  (1 - self.soft_weight) * w, self.soft_weight * w, teacher, self.temperature)
+        return loss, acceptance_stats(correct.view_as(batch.labels), batch)
