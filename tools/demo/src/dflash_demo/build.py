@@ -75,6 +75,9 @@ class DemoRecipe:
     # Then twice to prompts 7,500-8,999 (-> 3.10 -> 3.16 / 1.81), twice to prompts 9,000-10,499 (-> 3.19 -> 3.21 / 1.80),
     # and once to prompts 10,500-11,999 (-> 3.28 / 1.87). Then, on an Intel Xeon with AMX (bf16 training), a second
     # pass over 10,500-11,999 (-> 3.22: one retraining's movement) and one over prompts 12,000-13,499 (-> 3.34 / 1.83).
+    # Then a second pass over them (-> 3.30), once over prompts 13,500-14,999 (-> 3.33), a second pass over those at
+    # a third of the learning rate (-> 3.35; 3.31 at 3e-4) and prompts 15,000-16,499 at that rate (-> 3.41), then
+    # five more fresh sets of 1,500 at that rate (-> 3.42 / 1.91 -> 3.44 -> 3.45 -> 3.47 -> 3.48 / 1.88).
     continuations: tuple[Continuation, ...] = (
         Continuation("greedy_run", data="greedy", steps=650, learning_rate=3e-4, distill="hard"),
         Continuation("sampled_run", data="both", steps=650, learning_rate=3e-4, distill="mix", prompts=(0, 1500)),
@@ -94,7 +97,16 @@ class DemoRecipe:
         Continuation("sampled_run_15", data="both", steps=650, learning_rate=3e-4, distill="mix", prompts=(9000, 10500)),
         Continuation("sampled_run_16", data="both", steps=650, learning_rate=3e-4, distill="mix", prompts=(10500, 12000)),
         Continuation("sampled_run_17", data="both", steps=650, learning_rate=3e-4, distill="mix", prompts=(10500, 12000)),
-        Continuation("sampled_run_18", data="both", steps=650, learning_rate=3e-4, distill="mix", prompts=(12000, 13500)))
+        Continuation("sampled_run_18", data="both", steps=650, learning_rate=3e-4, distill="mix", prompts=(12000, 13500)),
+        Continuation("sampled_run_19", data="both", steps=650, learning_rate=3e-4, distill="mix", prompts=(12000, 13500)),
+        Continuation("sampled_run_20", data="both", steps=650, learning_rate=3e-4, distill="mix", prompts=(13500, 15000)),
+        Continuation("sampled_run_21_lr1e4", data="both", steps=650, learning_rate=1e-4, distill="mix",
+                     prompts=(13500, 15000)),
+        Continuation("sampled_run_22_lr1e4", data="both", steps=650, learning_rate=1e-4, distill="mix",
+                     prompts=(15000, 16500)),
+        *(Continuation(f"sampled_run_{n}_lr1e4", data="both", steps=650, learning_rate=1e-4, distill="mix",
+                       prompts=(first, first + 1500))
+          for n, first in zip(range(23, 28), range(16500, 24000, 1500))))
     sampled_temperature: float = 1.0
 
     def scaled_to(self, train_prompts: int) -> "DemoRecipe":
