@@ -123,3 +123,31 @@ def test_chunks_are_sized_by_bytes_small_on_the_cpu_large_elsewhere():
     assert rows_per_chunk(8192, torch.device("cpu")) == 128  # 4 MiB of fp32 logits: the demo vocabulary
     assert rows_per_chunk(151_936, torch.device("cpu")) == 6 and rows_per_chunk(10**9, torch.device("cpu")) == 1
     assert rows_per_chunk(8192, torch.device("meta")) == 8192  # off the CPU: 256 MiB
+
+
+def test_a_head_the_fused_loss_cannot_stand_in_for_keeps_the_unfused_path():
+    """A head with a bias (or hooks) is called as it is: `plain_head_weight` is None and the objective's loss is
+    `block_loss` over that head's own logits, bias included."""
+    model = tiny_target(vocab=32, layers=4, seed=5)
+    head = torch.nn.Linear(model.config.hidden_size, 32, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(model.lm_head.weight)
+        head.bias.uniform_(-2.0, 2.0, generator=torch.Generator().manual_seed(1))
+    model.lm_head = head
+    model.requires_grad_(False)
+    drafter = tiny_drafter(drafter_config(model, layers=1, block_size=4, layer_ids=(2,)), seed=5)
+    target = TargetModel(model, drafter.config.target_layer_ids)
+    assert target.plain_head_weight() is None
+    tokens = torch.randint(0, 30, (1, 24), generator=torch.Generator().manual_seed(2))
+    anchors = torch.tensor([[3, 9, 15]])
+    labels = tokens.gather(1, (anchors[:, :, None] + torch.arange(1, 4)).flatten(1)).view(1, 3, 3)
+    batch = Batch(tokens, torch.ones_like(tokens, dtype=torch.bool), anchors, torch.ones(1, 3, dtype=torch.bool),
+                  labels, torch.ones(1, 3, 3, dtype=torch.bool))
+    with torch.no_grad():
+        out = target(tokens, torch.arange(24)[None], None, torch.ones_like(tokens))
+    loss, _ = TrainingObjective(drafter, target, gamma=2.0)(out.features, batch)
+    with torch.no_grad():
+        logits = head(block_hidden(drafter, target, out.features, batch)[:, :, 1:])
+        assert loss.item() == pytest.approx(block_loss(logits, batch, 2.0)[0].item(), rel=1e-6)
+        unbiased = logits - head.bias
+        assert abs(block_loss(unbiased, batch, 2.0)[0].item() - loss.item()) > 1e-3  # the bias counted
