@@ -102,11 +102,9 @@ class DemoRecipe:
         Continuation("sampled_run_20", data="both", steps=650, learning_rate=3e-4, distill="mix", prompts=(13500, 15000)),
         Continuation("sampled_run_21_lr1e4", data="both", steps=650, learning_rate=1e-4, distill="mix",
                      prompts=(13500, 15000)),
-        Continuation("sampled_run_22_lr1e4", data="both", steps=650, learning_rate=1e-4, distill="mix",
-                     prompts=(15000, 16500)),
         *(Continuation(f"sampled_run_{n}_lr1e4", data="both", steps=650, learning_rate=1e-4, distill="mix",
                        prompts=(first, first + 1500))
-          for n, first in zip(range(23, 28), range(16500, 24000, 1500))))
+          for n, first in zip(range(22, 28), range(15000, 24000, 1500))))
     sampled_temperature: float = 1.0
 
     def scaled_to(self, train_prompts: int) -> "DemoRecipe":
