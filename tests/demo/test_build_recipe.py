@@ -12,9 +12,9 @@ def test_continuations_chain_and_fresh_sampled_prompts():
     stages = DemoRecipe().continuations
     assert len({stage.name for stage in stages}) == len(stages)
     sampled = [stage.prompts for stage in stages if stage.data == "both"]
-    assert sampled[0] == (0, 1500) and sampled[-1] == (22500, 24000)  # the last stages sample prompts never sampled before
+    assert sampled[0] == (0, 1500) and sampled[-1] == (33000, 34500)  # the last stages sample prompts never sampled before
     assert all(0 <= first < stop <= DemoRecipe().prompt_pool for first, stop in sampled)
-    assert DemoRecipe().prompt_pool == 24000  # past the base stage's 6,000: fresh prompts for the last stages
+    assert DemoRecipe().prompt_pool == 34500  # past the base stage's 6,000: fresh prompts for the last stages
 
 
 def test_scaled_recipe_keeps_each_range_in_proportion():

@@ -32,17 +32,17 @@ def test_gpu_train_script_writes_a_drafter_and_heldout_tau(tmp_path):
     # the continuations ran in order, each from the one before, on greedy then greedy + sampled data
     work = out / "work"
     stages = summary["recipe"]["continuations"]
-    assert [stage["data"] for stage in stages] == ["greedy"] + ["both"] * 27
-    assert [stage["prompts"] for stage in stages][1:] == (  # each 1,500 of 6,000 (and 6,000-24,000), scaled to 4
+    assert [stage["data"] for stage in stages] == ["greedy"] + ["both"] * 34
+    assert [stage["prompts"] for stage in stages][1:] == (  # each 1,500 of 6,000 (and 6,000-34,500), scaled to 4
         [[0, 1]] * 2 + [[1, 2]] * 3 + [[2, 3]] * 2 + [[3, 4]] * 2 + [[4, 5]] * 2 + [[5, 6]] * 2 + [[6, 7]] * 2
-        + [[7, 8]] * 2 + [[8, 9]] * 2 + [[9, 10]] * 2 + [[first, first + 1] for first in range(10, 16)])
+        + [[7, 8]] * 2 + [[8, 9]] * 2 + [[9, 10]] * 2 + [[first, first + 1] for first in range(10, 23)])
     previous = work / "drafter_run"
     for stage in stages:
         config = json.loads((work / stage["name"] / "train_state" / "state.json").read_text())["meta"]["train"]
         assert config["init_from"] == str(previous) and config["max_steps"] == 2 and config["distill"] == stage["distill"]
-        assert config["learning_rate"] == stage["learning_rate"]  # 3e-4, then 1e-4 for the last seven stages
+        assert config["learning_rate"] == stage["learning_rate"]  # 3e-4, then 1e-4 for the last fourteen stages
         previous = work / stage["name"]
-    for first in range(16):  # every sampled range, [0, 1) to [15, 16)
+    for first in range(23):  # every sampled range, [0, 1) to [22, 23)
         both = json.loads((work / f"data_both_{first}_{first + 1}" / "index.json").read_text())["settings"]
         assert both["responses"] == "both" and both["temperature"] == 1.0
     pair = load_pair(ROOT / "models/demo/target", work / "drafter", dtype="fp32")  # the published format
