@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from dataclasses import replace
 from pathlib import Path
 
 from dflash_core.loading import load_pair
@@ -16,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_gpu_train_script_writes_a_drafter_and_heldout_tau(tmp_path):
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "DEVICE": "cpu", "TRAIN_PROMPTS": "4",
            "RESPONSE_TOKENS": "24", "EPOCHS": "1", "CONTINUE_STEPS": "2", "EVAL_PROMPTS": "2", "EVAL_TOKENS": "8",
-           "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+           "BUDGET_MIN": "60", "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
     out = tmp_path / "out"
     done = subprocess.run(["bash", str(ROOT / "tools/demo/gpu/train_drafter.sh"), str(out)], env=env,
                           capture_output=True, text=True, timeout=600)
@@ -26,6 +28,7 @@ def test_gpu_train_script_writes_a_drafter_and_heldout_tau(tmp_path):
         for temperature in ("T=0", "T=1"):
             assert 1.0 <= summary["tau"][dtype][temperature] <= 16.0
     assert summary["heldout_prompts"] == 2 and summary["recipe"]["train_prompts"] == 4
+    assert summary["budget"] == {"minutes": 60.0, "continuations_run": 35, "first_skipped": None}
     assert set(summary["seconds"]) == {"prompts_s", "data_s", "train_s", "continue_s", "tau_s", "total_s"}
     log = (out / "log.txt").read_text()
     assert all(f"{stage}: " in log for stage in ("prompts_s", "data_s", "train_s", "continue_s", "tau_s"))
@@ -50,6 +53,35 @@ def test_gpu_train_script_writes_a_drafter_and_heldout_tau(tmp_path):
     published = work / "drafter" / "model.safetensors"
     assert published.read_bytes() == (previous / "model.safetensors").read_bytes()
     assert (work / "drafter" / "draft_vocab.json").read_bytes() == (work / "drafter_run" / "draft_vocab.json").read_bytes()
+
+
+def test_stage_budget_prices_the_next_stage_at_the_last_ones_time():
+    from dflash_demo.build import Continuation
+    from dflash_demo.gpu_train import StageBudget
+
+    stage = Continuation("s", data="both", steps=1, learning_rate=1e-4, distill="mix", prompts=(0, 1))
+    budget = StageBudget(time.perf_counter(), usable_s=100.0)
+    assert budget(stage, 0.0) and budget(stage, 60.0)  # the first stage, then one priced at 60 s: both fit
+    assert not budget(replace(stage, name="late"), 120.0)  # priced past 100 s
+    assert budget.summary(8) == {"minutes": 8, "continuations_run": 2, "first_skipped": "late"}
+
+
+def test_gpu_train_script_out_of_budget_publishes_the_base_drafter(tmp_path):
+    """A budget spent before the first continuation: none runs, the base drafter is published and measured."""
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "DEVICE": "cpu", "TRAIN_PROMPTS": "4",
+           "RESPONSE_TOKENS": "16", "EPOCHS": "1", "EVAL_PROMPTS": "1", "EVAL_TOKENS": "4", "BUDGET_MIN": "0",
+           "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", str(ROOT / "tools/demo/gpu/train_drafter.sh"), str(out)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    summary = json.loads((out / "tau.json").read_text())
+    assert summary["budget"] == {"minutes": 0.0, "continuations_run": 0, "first_skipped": "greedy_run"}
+    assert "budget: greedy_run would end past" in (out / "log.txt").read_text()
+    work = out / "work"
+    assert not (work / "greedy_run").exists() and not list(work.glob("data_both_*"))
+    assert (work / "drafter" / "model.safetensors").read_bytes() == (work / "drafter_run" / "model.safetensors").read_bytes()
+    assert 1.0 <= summary["tau"]["fp32"]["T=0"] <= 16.0
 
 
 def test_smollm2_gpu_script_runs_the_chat_recipe_from_the_source_tree(tmp_path):

@@ -9,7 +9,9 @@
 # fp32 and bf16, T=0 and T=1, and the time of every stage) and the drafter in OUT_DIR/work/drafter (the
 # base run in OUT_DIR/work/drafter_run, its continuations beside it). DEVICE, TRAIN_PROMPTS,
 # RESPONSE_TOKENS, EPOCHS, CONTINUE_STEPS, EVAL_PROMPTS, EVAL_TOKENS override the recipe's numbers (the
-# test runs it on the CPU, tiny).
+# test runs it on the CPU, tiny). BUDGET_MIN (default 8) is kept by construction: a continuation stage starts
+# only if, at the pace of the one before, it ends a minute before the budget (the held-out tau's share);
+# tau.json's "budget" says how many of the recipe's continuations ran.
 set -euo pipefail
 OUT="${1:?usage: tools/demo/gpu/train_drafter.sh OUT_DIR}"
 PYTHON="${PYTHON:-python}"
@@ -23,6 +25,7 @@ args=(--device "${DEVICE:-cuda}" --models "$ROOT/models/demo")
 [[ -n "${CONTINUE_STEPS:-}" ]] && args+=(--continue-steps "$CONTINUE_STEPS")
 [[ -n "${EVAL_PROMPTS:-}" ]] && args+=(--eval-prompts "$EVAL_PROMPTS")
 [[ -n "${EVAL_TOKENS:-}" ]] && args+=(--eval-tokens "$EVAL_TOKENS")
+[[ -n "${BUDGET_MIN:-}" ]] && args+=(--budget-min "$BUDGET_MIN")
 mkdir -p "$OUT"
 cd "$ROOT"
 "$PYTHON" -m dflash_demo.gpu_train "$OUT" "${args[@]}" 2>&1 | tee -a "$OUT/log.txt"

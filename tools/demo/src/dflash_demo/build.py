@@ -13,6 +13,7 @@ import json
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -267,14 +268,23 @@ def build_drafter(work: Path, out: Path, data: Path, heldout: Path, recipe: Demo
 
 def build_continuations(work: Path, out: Path, base_run: Path, train_prompts: Path, heldout: Path,
                         recipe: DemoRecipe, *, device: str = "cpu", data_batch: int = 64,
-                        eval_max_new_tokens: int = 128) -> Path:
-    """Run `recipe.continuations` in order, each from the previous stage's drafter; returns the last run."""
+                        eval_max_new_tokens: int = 128,
+                        go_on: Callable[[Continuation, float], bool] | None = None) -> Path:
+    """Run `recipe.continuations` in order, each from the previous stage's drafter; returns the last run.
+
+    `go_on(stage, last_s)` is asked before each stage, with the seconds the stage before took (0 before the
+    first); False ends the chain there (a time budget), and the last stage run is returned."""
     run, loaded = base_run, load_demo_target(out, recipe, device)  # one target for every stage's data and training
+    last_s = 0.0
     for stage in recipe.continuations:
+        if go_on is not None and not go_on(stage, last_s):
+            break
+        begun = time.perf_counter()
         data = build_data(work, out, train_prompts, recipe, device=device, batch_size=data_batch, kind=stage.data,
                           prompt_range=stage.prompts, loaded=loaded)
         run = build_drafter(work, out, data, heldout, recipe, run_name=stage.name, device=device,
                             eval_max_new_tokens=eval_max_new_tokens, continuation=stage, init_from=run, loaded=loaded)
+        last_s = time.perf_counter() - begun
     return run
 
 

@@ -4,7 +4,10 @@ continuations -> held-out tau.
     tools/demo/gpu/train_drafter.sh OUT_DIR        (budget: 8 minutes on one GPU)
 
 The same `DemoRecipe` and stages as `make models` (`dflash_demo.build`), with the device chosen and the
-data-generation batch sized for a GPU; the drafter is written in the published format. OUT gets:
+data-generation batch sized for a GPU; the drafter is written in the published format. The budget is kept by
+construction: a continuation starts only if, priced at the time the one before it took, it ends before
+`--budget-min` less `--tau-reserve-s` (the held-out measurement's share); the stages that did not fit are
+named in tau.json (`budget`), and the drafter published is the last stage run. OUT gets:
   work/            training prompts (standard-library train split) and the regenerated data
   work/drafter_run the base drafter (config.json + model.safetensors) and its resumable train_state/
   work/drafter     the published drafter: the last continuation's weights, the base run's read-out list
@@ -32,6 +35,27 @@ from .paths import default_models_dir
 from .prompts import code_prompts
 
 
+class StageBudget:
+    """Asked before each continuation: does it fit, priced at the last one's time (`build_continuations`' go_on)?"""
+
+    def __init__(self, started: float, usable_s: float) -> None:
+        self.started, self.usable_s = started, usable_s
+        self.ran: list[str] = []
+        self.first_skipped: str | None = None  # the chain ends at the first stage that does not fit
+
+    def __call__(self, stage, last_s: float) -> bool:
+        if time.perf_counter() - self.started + last_s <= self.usable_s:
+            self.ran.append(stage.name)
+            return True
+        self.first_skipped = stage.name
+        print(f"budget: {stage.name} would end past {self.usable_s:.0f} s of the run; stopping after "
+              f"{len(self.ran)} continuations", flush=True)
+        return False
+
+    def summary(self, minutes: float) -> dict:
+        return {"minutes": minutes, "continuations_run": len(self.ran), "first_skipped": self.first_skipped}
+
+
 def main(argv: list[str] | None = None) -> int:
     recipe = DemoRecipe()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -46,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-batch", type=int, default=256, help="prompts per target generate() batch")
     parser.add_argument("--eval-prompts", type=int, default=24, help="held-out prompts for the final tau")
     parser.add_argument("--eval-tokens", type=int, default=128, help="new tokens per held-out prompt")
+    parser.add_argument("--budget-min", type=float, default=8.0,
+                        help="wall-clock budget of the whole run; continuations that would not fit are skipped")
+    parser.add_argument("--tau-reserve-s", type=float, default=60.0,
+                        help="seconds of the budget kept for the held-out tau at the end")
     args = parser.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: no CUDA device is visible (torch {torch.__version__})")
@@ -76,8 +104,10 @@ def main(argv: list[str] | None = None) -> int:
                          eval_max_new_tokens=args.eval_tokens)
     stage("train_s", begun)
     begun = time.perf_counter()
+    budget = StageBudget(started, 60 * args.budget_min - args.tau_reserve_s)
     last = build_continuations(work, models, base, train_prompts, models / "heldout.jsonl", recipe,
-                               device=args.device, data_batch=args.data_batch, eval_max_new_tokens=args.eval_tokens)
+                               device=args.device, data_batch=args.data_batch, eval_max_new_tokens=args.eval_tokens,
+                               go_on=budget)
     run = work / "drafter"
     publish_drafter(last, run, read_out_list_from=base)
     stage("continue_s", begun)
@@ -88,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     device_name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu"
     summary = {"device": device_name, "torch": torch.__version__, "drafter": str(run), "recipe": asdict(recipe),
                "heldout_prompts": len(heldout), "max_new_tokens": args.eval_tokens,
-               "block_size": recipe.block_size, "tau": taus, "seconds": times | {
+               "block_size": recipe.block_size, "tau": taus, "budget": budget.summary(args.budget_min), "seconds": times | {
                    "total_s": round(time.perf_counter() - started, 1)}}
     write_json(args.out / "tau.json", summary)
     print(json.dumps(summary["tau"] | {"total_s": summary["seconds"]["total_s"]}))
