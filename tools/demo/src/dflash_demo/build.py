@@ -79,7 +79,9 @@ class DemoRecipe:
     # Then a second pass over them (-> 3.30), once over prompts 13,500-14,999 (-> 3.33), a second pass over those at
     # a third of the learning rate (-> 3.35; 3.31 at 3e-4) and prompts 15,000-16,499 at that rate (-> 3.41), then
     # five more fresh sets of 1,500 at that rate (-> 3.42 / 1.91 -> 3.44 -> 3.45 -> 3.47 -> 3.48 / 1.88), then seven
-    # more (-> 3.49 -> 3.47 -> 3.54 -> 3.55 -> 3.55 -> 3.49 -> 3.50 / 1.92).
+    # more (-> 3.49 -> 3.47 -> 3.54 -> 3.55 -> 3.55 -> 3.49 -> 3.50 / 1.92) and one more (34,500-35,999). Then second
+    # passes over the lr-1e-4 stages' sets, oldest first: on the dev set (`dev_score`) a second pass over a set last
+    # seen thirteen stages before paid as much as a fresh one, at half a stage's time (no data to generate).
     continuations: tuple[Continuation, ...] = (
         Continuation("greedy_run", data="greedy", steps=650, learning_rate=3e-4, distill="hard"),
         Continuation("sampled_run", data="both", steps=650, learning_rate=3e-4, distill="mix", prompts=(0, 1500)),
@@ -106,7 +108,10 @@ class DemoRecipe:
                      prompts=(13500, 15000)),
         *(Continuation(f"sampled_run_{n}_lr1e4", data="both", steps=650, learning_rate=1e-4, distill="mix",
                        prompts=(first, first + 1500))
-          for n, first in zip(range(22, 35), range(15000, 34500, 1500))))
+          for n, first in zip(range(22, 36), range(15000, 36000, 1500))),
+        *(Continuation(f"sampled_run_{n}_lr1e4", data="both", steps=650, learning_rate=1e-4, distill="mix",
+                       prompts=(first, first + 1500))
+          for n, first in zip(range(36, 45), range(15000, 36000, 1500))))
     sampled_temperature: float = 1.0
 
     def scaled_to(self, train_prompts: int) -> "DemoRecipe":
