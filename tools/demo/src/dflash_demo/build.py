@@ -108,10 +108,8 @@ class DemoRecipe:
                      prompts=(13500, 15000)),
         *(Continuation(f"sampled_run_{n}_lr1e4", data="both", steps=650, learning_rate=1e-4, distill="mix",
                        prompts=(first, first + 1500))
-          for n, first in zip(range(22, 36), range(15000, 36000, 1500))),
-        *(Continuation(f"sampled_run_{n}_lr1e4", data="both", steps=650, learning_rate=1e-4, distill="mix",
-                       prompts=(first, first + 1500))
-          for n, first in zip(range(36, 45), range(15000, 36000, 1500))))
+          # stages 22-35 on fresh sets (15,000-35,999), then 36-44 second passes over the first nine of them
+          for n, first in zip(range(22, 45), [*range(15000, 36000, 1500), *range(15000, 28500, 1500)])))
     sampled_temperature: float = 1.0
 
     def scaled_to(self, train_prompts: int) -> "DemoRecipe":

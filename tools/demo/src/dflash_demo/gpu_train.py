@@ -118,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     device_name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu"
     summary = {"device": device_name, "torch": torch.__version__, "drafter": str(run), "recipe": asdict(recipe),
                "heldout_prompts": len(heldout), "max_new_tokens": args.eval_tokens,
-               "block_size": recipe.block_size, "tau": taus, "budget": budget.summary(args.budget_min), "seconds": times | {
-                   "total_s": round(time.perf_counter() - started, 1)}}
+               "block_size": recipe.block_size, "tau": taus, "budget": budget.summary(args.budget_min),
+               "seconds": times | {"total_s": round(time.perf_counter() - started, 1)}}
     write_json(args.out / "tau.json", summary)
     print(json.dumps(summary["tau"] | {"total_s": summary["seconds"]["total_s"]}))
     return 0
