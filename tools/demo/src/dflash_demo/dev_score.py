@@ -29,7 +29,7 @@ from dflash_core.drafter import load_drafter
 from dflash_core.target import TargetModel
 from dflash_core.training.batches import make_batch
 from dflash_core.training.data import TokenDataset
-from dflash_core.training.objective import block_hidden, tokens_per_step
+from dflash_core.training.objective import block_hidden, committed_per_anchor, tokens_per_step
 
 from .build import DemoRecipe, build_data, load_demo_target, write_jsonl
 from .paths import default_models_dir
@@ -68,7 +68,7 @@ def dev_score(target: TargetModel, drafter_dir: Path, data: TokenDataset, *, aut
             hidden = block_hidden(drafter, target, out.features, batch)  # [B, N, Q, H]
             drafts = target.logits(hidden[:, :, 1:]).argmax(dim=-1)  # [B, N, Q-1]
         right = (drafts == batch.labels) & batch.label_valid
-        committed.append(right.long().cumprod(dim=-1).sum(dim=-1).flatten() + 1)
+        committed.append(committed_per_anchor(right, batch).flatten())
         valid.append(batch.anchor_valid.flatten())
         first_right += int(right[..., 0].sum())
         first_valid += int(batch.label_valid[..., 0].sum())

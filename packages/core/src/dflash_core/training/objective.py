@@ -138,11 +138,15 @@ def label_weights(batch: Batch, gamma: float) -> torch.Tensor:
     return w / w.sum().clamp(min=1e-6)
 
 
+def committed_per_anchor(correct: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """correct [B, N, Q-1] (argmax == label) -> [B, N]: 1 + the leading valid drafts equal to the label."""
+    return (correct & batch.label_valid).long().cumprod(dim=-1).sum(dim=-1) + 1
+
+
 def acceptance_stats(correct: torch.Tensor, batch: Batch) -> dict:
     """correct [B, N, Q-1] (argmax == label) -> the running estimate `tau_est` (`tokens_per_step`) and acc1."""
     correct = correct & batch.label_valid
-    run = correct.long().cumprod(dim=-1).sum(dim=-1)  # [B, N]
-    return {"tau_est": tokens_per_step(run + 1, batch.anchor_valid),
+    return {"tau_est": tokens_per_step(committed_per_anchor(correct, batch), batch.anchor_valid),
             "acc1": (correct[..., 0].sum() / batch.label_valid[..., 0].sum().clamp(min=1)).item()}
 
 
