@@ -13,11 +13,11 @@ def test_continuations_chain_and_fresh_sampled_prompts():
     assert len({stage.name for stage in stages}) == len(stages)
     sampled = [stage.prompts for stage in stages if stage.data == "both"]
     sets = [(first, first + 1500) for first in range(15000, 36000, 1500)]
-    assert sampled[0] == (0, 1500) and sampled[-34] == (13500, 15000)
-    assert sampled[-33:] == sets + sets + sets[:5]  # fresh sets, then a second pass over each, a third over five
+    assert sampled[0] == (0, 1500) and sampled[-43] == (13500, 15000)
+    assert sampled[-42:] == sets * 3  # fresh sets, then a second and a third pass over each
     assert all(0 <= first < stop <= DemoRecipe().prompt_pool for first, stop in sampled)
     assert DemoRecipe().prompt_pool == 36000  # past the base stage's 6,000: fresh prompts for the later stages
-    assert all(stage.learning_rate == 1e-4 for stage in stages[-34:]) and stages[-35].learning_rate == 3e-4
+    assert all(stage.learning_rate == 1e-4 for stage in stages[-43:]) and stages[-44].learning_rate == 3e-4
 
 
 def test_scaled_recipe_keeps_each_range_in_proportion():

@@ -28,23 +28,23 @@ def test_gpu_train_script_writes_a_drafter_and_heldout_tau(tmp_path):
         for temperature in ("T=0", "T=1"):
             assert 1.0 <= summary["tau"][dtype][temperature] <= 16.0
     assert summary["heldout_prompts"] == 2 and summary["recipe"]["train_prompts"] == 4
-    assert summary["budget"] == {"minutes": 60.0, "continuations_run": 55, "first_skipped": None}
+    assert summary["budget"] == {"minutes": 60.0, "continuations_run": 64, "first_skipped": None}
     assert set(summary["seconds"]) == {"prompts_s", "data_s", "train_s", "continue_s", "tau_s", "total_s"}
     log = (out / "log.txt").read_text()
     assert all(f"{stage}: " in log for stage in ("prompts_s", "data_s", "train_s", "continue_s", "tau_s"))
     # the continuations ran in order, each from the one before, on greedy then greedy + sampled data
     work = out / "work"
     stages = summary["recipe"]["continuations"]
-    assert [stage["data"] for stage in stages] == ["greedy"] + ["both"] * 54
+    assert [stage["data"] for stage in stages] == ["greedy"] + ["both"] * 63
     assert [stage["prompts"] for stage in stages][1:] == (  # each 1,500 of 6,000 (and 6,000-36,000), scaled to 4
         [[0, 1]] * 2 + [[1, 2]] * 3 + [[2, 3]] * 2 + [[3, 4]] * 2 + [[4, 5]] * 2 + [[5, 6]] * 2 + [[6, 7]] * 2
-        + [[7, 8]] * 2 + [[8, 9]] * 2 + [[9, 10]] * 2 + [[first, first + 1] for first in range(10, 24)] * 2
-        + [[first, first + 1] for first in range(10, 15)])  # then second passes over 15,000-36,000, third ones to 22,500
+        + [[7, 8]] * 2 + [[8, 9]] * 2 + [[9, 10]] * 2 + [[first, first + 1] for first in range(10, 24)] * 3)
+    # then second and third passes over 15,000-36,000
     previous = work / "drafter_run"
     for stage in stages:
         config = json.loads((work / stage["name"] / "train_state" / "state.json").read_text())["meta"]["train"]
         assert config["init_from"] == str(previous) and config["max_steps"] == 2 and config["distill"] == stage["distill"]
-        assert config["learning_rate"] == stage["learning_rate"]  # 3e-4, then 1e-4 for the last thirty-four stages
+        assert config["learning_rate"] == stage["learning_rate"]  # 3e-4, then 1e-4 for the last forty-three stages
         previous = work / stage["name"]
     for first in range(24):  # every sampled range, [0, 1) to [23, 24)
         both = json.loads((work / f"data_both_{first}_{first + 1}" / "index.json").read_text())["settings"]

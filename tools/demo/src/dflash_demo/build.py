@@ -65,25 +65,12 @@ class DemoRecipe:
     distill: str = "hard"
     eval_every: int = 500
     eval_prompts: int = 8
-    # Continuations of the base drafter (docs/training.md, "Temperature 1"; held-out tau, fp32, T=0 / T=1):
-    # more steps on the greedy data (2.19 / 1.36 -> 2.34 / 1.31: the base run is under-trained), then twice
-    # greedy + sampled responses with soft labels mixed in (-> 2.36 / 1.51 -> 2.47 / 1.59). Sampled data
-    # straight after the base run cost T=0 (2.24). Then twice greedy + sampled responses to the next 1,500
-    # prompts (-> 2.54 / 1.61 -> 2.64 / 1.63): fresh prompts paid no more than a second pass on the old ones;
-    # a third pass on them still paid (-> 2.74 / 1.67). Then twice greedy + sampled responses to prompts
-    # 3,000-4,499 (-> 2.83 at T=0 -> 2.88 / 1.73), and twice to prompts 4,500-5,999 (-> 2.94 / 1.75 -> 2.98 / 1.77).
-    # Then twice to prompts 6,000-7,499, drawn past the base stage's 6,000 (`prompt_pool`; -> 3.02 -> 3.05 / 1.75).
-    # Then twice to prompts 7,500-8,999 (-> 3.10 -> 3.16 / 1.81), twice to prompts 9,000-10,499 (-> 3.19 -> 3.21 / 1.80),
-    # and once to prompts 10,500-11,999 (-> 3.28 / 1.87). Then, on an Intel Xeon with AMX (bf16 training), a second
-    # pass over 10,500-11,999 (-> 3.22: one retraining's movement) and one over prompts 12,000-13,499 (-> 3.34 / 1.83).
-    # Then a second pass over them (-> 3.30), once over prompts 13,500-14,999 (-> 3.33), a second pass over those at
-    # a third of the learning rate (-> 3.35; 3.31 at 3e-4) and prompts 15,000-16,499 at that rate (-> 3.41), then
-    # five more fresh sets of 1,500 at that rate (-> 3.42 / 1.91 -> 3.44 -> 3.45 -> 3.47 -> 3.48 / 1.88), then seven
-    # more (-> 3.49 -> 3.47 -> 3.54 -> 3.55 -> 3.55 -> 3.49 -> 3.50 / 1.92) and one more (34,500-35,999). Then second
-    # passes over the lr-1e-4 stages' sets, oldest first: on the dev set (`dev_score`) a second pass over a set last
-    # seen thirteen stages before paid as much as a fresh one, at half a stage's time (no data to generate)
-    # (-> 3.68 / 1.90 after nine). Then the other five, and a third pass over the first five sets, which paid on the
-    # dev set about as much as the second passes (-> 3.71 / 1.98).
+    # Continuations of the base drafter, each 650 steps from the previous one's weights (docs/training.md tells
+    # what each kind paid, held-out tau stage by stage in docs/results/recipe_stages.json): more steps on the greedy
+    # data (the base run is under-trained), then greedy + sampled responses with soft labels mixed in, two or three
+    # passes over each new set of 1,500 prompts at lr 3e-4; from stage 21 on, lr 1e-4, fresh sets of 1,500 up to
+    # prompt 35,999, then further passes over those sets, oldest first (a pass over a set last seen a dozen stages
+    # before pays on the dev set about as much as fresh prompts, and needs no data generated).
     continuations: tuple[Continuation, ...] = (
         Continuation("greedy_run", data="greedy", steps=650, learning_rate=3e-4, distill="hard"),
         Continuation("sampled_run", data="both", steps=650, learning_rate=3e-4, distill="mix", prompts=(0, 1500)),
@@ -110,9 +97,8 @@ class DemoRecipe:
                      prompts=(13500, 15000)),
         *(Continuation(f"sampled_run_{n}_lr1e4", data="both", steps=650, learning_rate=1e-4, distill="mix",
                        prompts=(first, first + 1500))
-          # stages 22-35 on fresh sets (15,000-35,999), 36-49 a second pass over each (oldest first), 50-54 a third
-          # over the first five
-          for n, first in zip(range(22, 55), [*range(15000, 36000, 1500)] * 2 + [*range(15000, 22500, 1500)])))
+          # stages 22-35 on fresh sets (15,000-35,999), 36-49 a second pass over each (oldest first), 50-63 a third
+          for n, first in zip(range(22, 64), [*range(15000, 36000, 1500)] * 3)))
     sampled_temperature: float = 1.0
 
     def scaled_to(self, train_prompts: int) -> "DemoRecipe":
