@@ -56,7 +56,10 @@ def _accepted(drafts: Sequence[int], truth: Sequence[int]) -> int:
 
 @torch.inference_mode()
 def position_acceptance(target, drafter, prompt: list[int], output: list[int]) -> PositionAcceptance:
-    """Both sources at every position of `output` (the target's greedy continuation of `prompt`)."""
+    """Both sources at every position of `output` (the target's greedy continuation of `prompt`).
+
+    The drafter runs its own weights: exactly a decoder's drafts with `drafter_weights="plain"`; a decoder reading
+    bf16 or fp16-packed copies (the CPU's choice) can differ where two tokens are near a tie."""
     block, mask = drafter.config.block_size, drafter.config.mask_token_id
     tokens = prompt + output
     device = target.device
