@@ -69,8 +69,8 @@ class DemoRecipe:
     # what each kind paid, held-out tau stage by stage in docs/results/recipe_stages.json): more steps on the greedy
     # data (the base run is under-trained), then greedy + sampled responses with soft labels mixed in, two or three
     # passes over each new set of 1,500 prompts at lr 3e-4; from stage 21 on, lr 1e-4, fresh sets of 1,500 up to
-    # prompt 35,999, then further passes over those sets, oldest first (a pass over a set last seen a dozen stages
-    # before pays on the dev set about as much as fresh prompts, and needs no data generated).
+    # prompt 35,999, then a second and a third pass over each, oldest first (no data to generate; on the dev set the
+    # second passes paid about as much as fresh prompts, the third passes over the nine newer sets about half).
     continuations: tuple[Continuation, ...] = (
         Continuation("greedy_run", data="greedy", steps=650, learning_rate=3e-4, distill="hard"),
         Continuation("sampled_run", data="both", steps=650, learning_rate=3e-4, distill="mix", prompts=(0, 1500)),
