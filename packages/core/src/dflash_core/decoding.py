@@ -37,7 +37,7 @@ from .draft_vocab import draft_head_for, read_out_for
 from .drafter_backend import DrafterBackend
 from .errors import GenerationError
 from .pairing import check_compatibility
-from .profiling import DecodeProfile, PhaseClock
+from .profiling import DecodeProfile, PhaseClock, StepRecord
 from .request_checks import check_request, split_prompts
 from .sampling import SamplingParams, choose_tokens, make_generator, warp_logits
 from .target import TargetModel
@@ -312,6 +312,10 @@ class _Decoder:
             self.profile.steps += 1
             self.profile.lookup_steps += copied is not None
             self.profile.trimmed_steps += cut is not None
+            if self.profile.step_log is not None:
+                # a drafter step trimmed to no drafts (`cut`) still paid the drafter's pass
+                source = "lookup" if copied is not None else "drafter" if k or cut is not None else "plain"
+                self.profile.step_log.append(StepRecord(source, k, tuple(counts)))
         rows.last = bonus
         return self._emit([h[2 : 2 + h[0]] + [h[1]] for h in host], verified=True)
 

@@ -113,10 +113,12 @@ class VerifyCostTable:
     def step(self, k: int, rows: int = 1) -> float:
         """T(k): seconds of a step verifying k drafts per row for `rows` rows (drafter pass if k > 0)."""
         verify = self.verify(rows * (k + 1))
-        if k == 0:
-            return verify
+        return verify if k == 0 else self.drafting(k, rows) + verify
+
+    def drafting(self, k: int, rows: int = 1) -> float:
+        """Seconds of a step's drafter work: its pass for `rows` rows, reading out k drafts per row."""
         scale = self.verify(rows * self.block_size) / self.seconds[-1]  # a batch's pass ~ a wider forward
-        return (self.draft_s + k * self.head_s) * scale + verify
+        return (self.draft_s + k * self.head_s) * scale
 
     def relative(self) -> tuple[float, ...]:
         """Verify times as multiples of the one-token forward (1.0 first): the shape of the table."""
@@ -476,9 +478,9 @@ class DraftLengthPolicy:
 # ---- the table for a pair, measured once per machine ----------------------------------------------
 COST_FILE = "cost_tables.json"
 # in the cache key: tables measured by an earlier `measure_cost_table`, or of an earlier, dearer drafting step
-# (3: the drafter's block pass with fewer dispatched ops and the block's K/V in the cache's free slots), are
-# measured again
-COST_METHOD = 3
+# (3: the drafter's block pass with fewer dispatched ops and the block's K/V in the cache's free slots; 4: the
+# target's multi-token verify on the CPU without a K/V copy per query group, `grouped_attention`), are measured again
+COST_METHOD = 4
 _MEASURED: dict[tuple, VerifyCostTable] = {}
 
 

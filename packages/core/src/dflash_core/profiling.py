@@ -19,6 +19,18 @@ def sync_device(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@dataclass(frozen=True)
+class StepRecord:
+    """One verify step of a decode, as `DecodeProfile.step_log` keeps it (for pricing: `dflash_bench.modeled`)."""
+
+    source: str
+    """Who drafted: "drafter", "lookup" (a copy from the row's context) or "plain" (no drafts)."""
+    drafts: int
+    """Drafts verified per row (k; a lookup step pads rows to the longest copy)."""
+    committed: tuple[int, ...]
+    """Per row, the tokens the target verified as its own (accepted drafts + its own next token)."""
+
+
 @dataclass
 class DecodeProfile:
     """Seconds spent per phase of one `generate` call (filled by the loop; summed over rows)."""
@@ -36,6 +48,8 @@ class DecodeProfile:
     trimmed_steps: int = 0
     """Steps (of `steps`) that verified fewer drafts than were drafted, by the drafter's confidence
     (`dflash_core.draft_confidence`; a step trimmed to none is a plain step after a drafter pass)."""
+    step_log: list[StepRecord] | None = None
+    """None (default), or a list each step appends its `StepRecord` to (kept for pricing, no clock needed)."""
 
     @property
     def total_s(self) -> float:

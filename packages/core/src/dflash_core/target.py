@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .errors import CompatibilityError
+from .grouped_attention import cpu_grouped_attention
 from .matmul_layout import matmul
 
 
@@ -35,7 +36,8 @@ def cache_argument(model) -> str:
 
 
 class TargetModel:
-    """Wraps a causal LM; nothing is patched or left registered on it."""
+    """Wraps a causal LM; nothing is left patched or registered on it (the feature hooks and, on the CPU, the
+    grouped-query attention switch of `grouped_attention` last one forward)."""
 
     def __init__(self, model: nn.Module, layer_ids: Sequence[int] = ()) -> None:
         base = getattr(model, "model", None)
@@ -134,7 +136,9 @@ class TargetModel:
         handles = [self.base.layers[i].register_forward_hook(hook_for(i)) for i in self.layer_ids]
         try:
             kwargs = {self._cache_kwarg: cache, "use_cache": cache is not None}
-            out = self.base(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask, **kwargs)
+            with cpu_grouped_attention(self.base.config, self.device):  # no K/V copy per query group
+                out = self.base(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                                **kwargs)
         finally:
             for handle in handles:
                 handle.remove()
