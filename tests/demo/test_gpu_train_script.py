@@ -36,10 +36,10 @@ def test_gpu_train_script_writes_a_drafter_and_heldout_tau(tmp_path):
     work = out / "work"
     stages = summary["recipe"]["continuations"]
     assert [stage["data"] for stage in stages] == ["greedy"] + ["both"] * 63
-    assert [stage["prompts"] for stage in stages][1:] == (  # each 1,500 of 6,000 (and 6,000-36,000), scaled to 4
+    # each 1,500 of 6,000 (and 6,000-36,000) scaled to 4: the early stages, then 15,000-36,000 three times over
+    assert [stage["prompts"] for stage in stages][1:] == (
         [[0, 1]] * 2 + [[1, 2]] * 3 + [[2, 3]] * 2 + [[3, 4]] * 2 + [[4, 5]] * 2 + [[5, 6]] * 2 + [[6, 7]] * 2
         + [[7, 8]] * 2 + [[8, 9]] * 2 + [[9, 10]] * 2 + [[first, first + 1] for first in range(10, 24)] * 3)
-    # then second and third passes over 15,000-36,000
     previous = work / "drafter_run"
     for stage in stages:
         config = json.loads((work / stage["name"] / "train_state" / "state.json").read_text())["meta"]["train"]
