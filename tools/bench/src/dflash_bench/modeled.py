@@ -173,18 +173,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         draft_length = int(draft_length)
     try:
         fixed = read_costs(args.costs) if args.costs else None
-        tables: dict[str, VerifyCostTable] = {}  # drafter shape -> the first such pair's table
         texts = read_prompts(args.prompts)[: args.count]
         runs = {}
         for number, drafter in enumerate(args.drafters, 1):
             pair = load_pair(args.target, drafter, dtype=args.dtype, drafter_weights=args.drafter_weights)
-            shape = json.dumps(pair.drafter.config.to_dict(), sort_keys=True, default=str) + str(
-                len(getattr(pair.drafter, "draft_vocab", None) or ()))  # what a drafting step's cost depends on
-            costs = fixed or tables.setdefault(shape, cost_table_for(pair.target, pair.drafter))
+            # cost_table_for keeps one table per pair key (machine, shapes, read-out, weights) for the process
+            costs = fixed or cost_table_for(pair.target, pair.drafter)
             name = str(drafter) if str(drafter) not in runs else f"{drafter} #{number}"  # the same one twice: a check
-            runs[name] = modeled_decode(pair, texts, max_new_tokens=args.max_new_tokens,
-                                                draft_length=draft_length, context_lookup=not args.no_context_lookup,
-                                                costs=costs, label=drafter.name)
+            runs[name] = modeled_decode(pair, texts, max_new_tokens=args.max_new_tokens, draft_length=draft_length,
+                                        context_lookup=not args.no_context_lookup, costs=costs, label=drafter.name)
     except (DFlashError, OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -194,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
              round(run.speedup, 3), round(run.speedup / first.speedup, 4), round(run.measured_over_modeled, 3),
              round(run.measured["prefill_s"] / max(1e-9, run.measured["prefill_s"] + run.measured["decode_s"]), 3))
             for name, run in runs.items()]
-    table_from = str(args.costs) if args.costs else "the first pair's of each drafter shape and read-out size"
+    table_from = str(args.costs) if args.costs else "each pair's, one per drafter shape for the process"
     command = "python -m dflash_bench.modeled " + shlex.join(sys.argv[1:] if argv is None else list(argv))
     write_report(args.out, args.name, title="Decoding priced by the machine's cost table", command=command,
                  columns=("drafter", "tau", "steps drafter / lookup / plain", "drafts verified per drafter step",
