@@ -8,7 +8,7 @@ from transformers import DynamicCache
 from dflash_core.autoregressive import generate_autoregressive
 from dflash_core.decoding import generate
 from dflash_core.grouped_attention import ATTENTION_NAME
-from dflash_core.target import TargetModel
+from dflash_core.target import TargetModel, cache_argument
 from transformers.utils.generic import is_flash_attention_requested
 from tiny import drafter_config, tiny_drafter, tiny_target
 
@@ -39,10 +39,15 @@ def test_a_verify_attends_grouped_and_matches_hugging_faces_own_path():
     hidden, seen = _verify_forward(target, context=40, new=6)
     assert seen == [ATTENTION_NAME] * 3  # every layer, for this forward only
     assert model.config._attn_implementation == "sdpa"
-    # Hugging Face's own SDPA path (K/V repeated per group) on the same inputs: the same numbers
+    # Hugging Face's own masked SDPA path (K/V repeated per group), the model called directly over the same cache
     ids = torch.randint(0, 64, (1, 46), generator=torch.Generator().manual_seed(3))
+    positions = torch.arange(46)[None]
+    cache = DynamicCache()
     with torch.inference_mode():
-        reference = model.model(input_ids=ids, position_ids=torch.arange(46)[None]).last_hidden_state[:, 40:]
+        kwargs = {cache_argument(model.model): cache, "use_cache": True}
+        model.model(input_ids=ids[:, :40], position_ids=positions[:, :40], **kwargs)
+        reference = model.model(input_ids=ids[:, 40:], position_ids=positions[:, 40:], **kwargs).last_hidden_state
+    assert cache.get_seq_length() == 46  # the cache was used: the reference attended to the context through a mask
     torch.testing.assert_close(hidden, reference, rtol=1e-6, atol=1e-6)
 
 
