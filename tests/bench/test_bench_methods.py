@@ -261,3 +261,35 @@ def test_prompts_the_target_answers_with_one_token_are_reported_apart(tiny):
     decoded = e2e.compare(pair, ids, _settings(pair), methods=("ar", "dflash"))
     assert all(len(t) > 1 for run in decoded.runs["ar"] for t in run.tokens)
     assert all("single_token_prompts" not in r for r in e2e.summarize(decoded))
+
+
+def test_speedups_on_the_text_every_method_shared_leave_out_the_prompts_one_method_wrote_differently(tiny):
+    """In reduced precision a method may write other text after a near-tie; its speed there is measured on
+    another workload. The shared-text figure counts only the batches where every method wrote ar's tokens."""
+    from dflash_bench.e2e_report import _notes
+
+    *_, pair = tiny
+    ids = e2e.encode_prompts(pair, PROMPTS, "cpu")
+
+    def wrong_on_prompt_1(pair_, batch, settings):  # a method parting from ar on one prompt only
+        run = methods.run_ar(pair_, batch, settings)
+        if batch.prompts == (1,):
+            run.tokens[0][1] = (run.tokens[0][1] + 1) % pair_.target.vocab_size
+        return run
+
+    runners = {**methods.RUNNERS, "wrong": wrong_on_prompt_1}
+    comparison = e2e.compare(pair, ids, _settings(pair), methods=["ar", "dflash", "wrong"], runners=runners)
+    assert [(m.method, m.prompt) for m in comparison.mismatches] == [("wrong", 1)]
+    rows = {r["method"]: r for r in e2e.summarize(comparison)}
+    assert all(r["shared_text_batches"] == 2 for r in rows.values())
+    ar, dflash = comparison.runs["ar"], comparison.runs["dflash"]
+    rate = lambda runs: sum(len(runs[j].tokens[0]) for j in (0, 2)) / sum(runs[j].seconds for j in (0, 2))
+    assert rows["dflash"]["shared_text_speedup"] == pytest.approx(rate(dflash) / rate(ar))
+    assert rows["ar"]["shared_text_speedup"] == pytest.approx(1.0)
+    labelled = [r | {"pair": "t", "backend": "torch", "dtype": "bf16", "temperature": 0.0} for r in rows.values()]
+    notes = _notes(labelled, name="n", prompts_file=Path("p.jsonl"), prompts=3, max_new_tokens=8, rounding_note=True)
+    shared = [n for n in notes if n.startswith("same text, t bf16 T=0 batch 1: on the 2 of 3 prompts")]
+    assert len(shared) == 1 and "dflash " in shared[0] and "wrong " in shared[0]
+    # where every method wrote ar's text, there is no second figure
+    same = e2e.compare(pair, ids, _settings(pair), methods=["ar", "dflash"])
+    assert all("shared_text_speedup" not in r for r in e2e.summarize(same))

@@ -137,6 +137,7 @@ def summarize(comparison: Comparison) -> list[dict]:
     # batches where the target writes one token per row (it stops at once): nothing to speculate, so their
     # "speedup" is one prefill against another; the minimum over the batches that decode is reported beside
     single = [i for i, r in enumerate(ar) if all(len(t) <= 1 for t in r.tokens)]
+    shared = _shared_text_batches(comparison)
     rows = []
     for method in comparison.methods:
         row = {"method": method, "batch_size": comparison.batch_size}
@@ -154,8 +155,31 @@ def summarize(comparison: Comparison) -> list[dict]:
             "slowest_prompts": list(comparison.batches[slowest]), "speedup_min": min(per_batch),
             "speedup_median": statistics.median(per_batch), "speedup_max": max(per_batch),
             **_decoding_minimum(per_batch, single, comparison.batches),
-            "identical": _identical(comparison, method), **_steps(runs)})
+            "identical": _identical(comparison, method), **_steps(runs),
+            **_shared_text_speedup(runs, ar, shared)})
     return rows
+
+
+def _shared_text_batches(comparison: Comparison) -> list[int] | None:
+    """Batches in which every method wrote exactly ar's tokens, where some other batch differs (else None).
+
+    In reduced precision a method that scores several tokens at once can part from ar at a near-tie and
+    go on to write other text, more or less repetitive than ar's, so its speed there is measured on
+    another workload; on these batches every method decoded the same text.
+    """
+    if not comparison.mismatches:
+        return None
+    differing = {m.prompt for m in comparison.mismatches}
+    return [j for j, batch in enumerate(comparison.batches) if not differing.intersection(batch)]
+
+
+def _shared_text_speedup(runs: list[MethodRun], ar: list[MethodRun], shared: list[int] | None) -> dict:
+    """Speedup over ar counted over the shared-text batches only (tokens over seconds, both summed)."""
+    if not shared:
+        return {}
+    mine = sum(_count(runs[j]) for j in shared) / sum(runs[j].seconds for j in shared)
+    alone = sum(_count(ar[j]) for j in shared) / sum(ar[j].seconds for j in shared)
+    return {"shared_text_batches": len(shared), "shared_text_speedup": mine / alone}
 
 
 def add_ceiling(rows: list[dict], comparison: Comparison, pair: Pair, settings: DecodeSettings) -> None:

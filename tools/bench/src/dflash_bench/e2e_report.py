@@ -70,6 +70,7 @@ def _notes(results: list[dict], *, name: str, prompts_file: Path, prompts: int, 
                          f"{r['speedup'] / r['tau']:.2f}")
     if rounding_note:
         notes.append(ROUNDING_NOTE)
+    notes += _shared_text_notes(results)
     for r in results:
         if "speedup_min_decoding" in r and r["method"] != "ar":
             single = ", ".join("#" + ",".join(map(str, b)) for b in r["single_token_prompts"])
@@ -78,6 +79,25 @@ def _notes(results: list[dict], *, name: str, prompts_file: Path, prompts: int, 
                          f"{r['speedup_min_decoding']:.2f} (#{slowest}) over the prompts the target writes more than one "
                          f"token for ({single}: one token, so one prefill against another)")
     notes.append(f"plots: {name}.png (speedup by method), {name}_per_prompt.png, {name}_batch.png (throughput)")
+    return notes
+
+
+def _shared_text_notes(results: list[dict]) -> list[str]:
+    """Per configuration and batch size: speedups over the batches where every method wrote ar's text."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in results:
+        if "shared_text_speedup" in r:
+            groups.setdefault((_config(r), r["batch_size"]), []).append(r)
+    notes = []
+    for (config, batch), rows in groups.items():
+        batches = len(rows[0]["prompts_per_batch"])
+        speedups = {r["method"]: r["shared_text_speedup"] for r in rows}
+        line = ", ".join(f"{m} {x:.2f}x" for m, x in speedups.items() if m != "ar")
+        ratio = (f"; dflash / prompt_lookup {speedups['dflash'] / speedups['prompt_lookup']:.2f}x"
+                 if {"dflash", "prompt_lookup"} <= speedups.keys() else "")
+        notes.append(f"same text, {config} batch {batch}: on the {rows[0]['shared_text_batches']} of {batches} "
+                     f"{'prompts' if batch == 1 else 'batches'} where every method wrote exactly ar's tokens (the "
+                     f"others decoded other text after a near-tie), speedup vs ar: {line}{ratio}")
     return notes
 
 
