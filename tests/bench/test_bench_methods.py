@@ -293,3 +293,40 @@ def test_speedups_on_the_text_every_method_shared_leave_out_the_prompts_one_meth
     # where every method wrote ar's text, there is no second figure
     same = e2e.compare(pair, ids, _settings(pair), methods=["ar", "dflash"])
     assert all("shared_text_speedup" not in r for r in e2e.summarize(same))
+
+
+def test_each_method_learns_from_earlier_requests_alone_and_every_round_replays_the_same_start(tiny):
+    """`generate` carries what earlier requests saw (the draft-length policy's acceptance history) from one
+    request to the next. In the benchmark each method keeps its own, the warm-up adds none, and every round of
+    a batch starts from the same one: rounds are repeats of one request, not more requests."""
+    from dflash_core.draft_length import history_for, saved_histories
+
+    *_, pair = tiny
+    ids = e2e.encode_prompts(pair, PROMPTS, "cpu")
+    seen: dict[str, list] = {}
+
+    def recording(name, runner):
+        def run(pair_, batch, settings):
+            state = saved_histories(pair_.drafter)
+            seen.setdefault(name, []).append((batch.prompts, {k: list(h.reached) for k, h in state.items()}))
+            return runner(pair_, batch, settings)
+        return run
+
+    runners = {**methods.RUNNERS, "dflash": recording("dflash", methods.run_dflash),
+               "dflash_drafter": recording("dflash_drafter", methods.run_dflash_drafter)}
+    history_for(pair.drafter).record(3, 1)  # something learnt before the benchmark
+    before = {k: list(h.reached) for k, h in saved_histories(pair.drafter).items()}
+    e2e.compare(pair, ids, _settings(pair, 12), methods=["ar", "dflash", "dflash_drafter"], runners=runners, repeats=2)
+    for name, calls in seen.items():
+        warm_up, *timed = calls
+        assert warm_up[1] == before, name  # the warm-up and the first batch start from what was there
+        assert timed[0][1] == before and timed[1][1] == before, name
+        rounds = {}
+        for prompts, state in timed:
+            rounds.setdefault(prompts, []).append(state)
+        assert all(len(r) == 2 and r[0] == r[1] for r in rounds.values()), name  # both rounds, one start
+        assert rounds[(1,)][0] != before, name  # and the next batch starts from what the previous one taught
+    # dflash_drafter never drafts from the context: its own history has no "lookup" evidence from dflash's runs
+    drafter_only = [state for _, state in seen["dflash_drafter"]]
+    assert all(state.get("lookup", [0.0])[0] == 0.0 for state in drafter_only)
+    assert {k: list(h.reached) for k, h in saved_histories(pair.drafter).items()} == before  # left as found

@@ -43,6 +43,7 @@ evidence to be chosen on its own within a few steps; in a batch that is judged o
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -308,6 +309,19 @@ class AcceptanceHistory:
 
 
 _HISTORIES: "weakref.WeakKeyDictionary[object, dict[str, AcceptanceHistory]]" = weakref.WeakKeyDictionary()
+
+
+def saved_histories(drafter) -> dict[str, AcceptanceHistory]:
+    """A copy of this process's acceptance histories for `drafter` (every source), for `restore_histories`."""
+    return copy.deepcopy(_HISTORIES.get(drafter, {}))
+
+
+def restore_histories(drafter, saved: dict[str, AcceptanceHistory]) -> None:
+    """Make `drafter`'s histories what `saved_histories` copied (a copy again: `saved` stays reusable).
+
+    For benchmarks: each method keeps its own history and every repeat of a request starts from the same
+    one, as in a process that serves only that method and sees each request once."""
+    _HISTORIES[drafter] = copy.deepcopy(saved)
 
 
 def history_for(drafter, source: str = "drafter") -> AcceptanceHistory:

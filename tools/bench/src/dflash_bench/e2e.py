@@ -21,7 +21,7 @@ import torch
 from tqdm import tqdm
 
 from dflash_core.decoding import as_target
-from dflash_core.draft_length import cost_table_for
+from dflash_core.draft_length import cost_table_for, restore_histories, saved_histories
 from dflash_core.dtypes import short_name
 from dflash_core.errors import DFlashError
 from dflash_core.loading import Pair, encode_prompt, load_pair, stop_token_ids
@@ -103,24 +103,34 @@ def compare(pair: Pair, prompt_ids: Sequence[Sequence[int]], settings: DecodeSet
     batches = make_batches(prompt_ids, batch_size, pad_id=pad, device=pair.target.device)
     result = Comparison(batch_size, methods, {m: [] for m in methods})
     warm = replace(settings, max_new_tokens=min(WARMUP_TOKENS, settings.max_new_tokens))
+    # what `generate`'s draft-length policy learnt from earlier requests, kept per method (as if each method had
+    # the process to itself) and replayed by every round of a batch (the rounds are repeats, not more requests);
+    # the warm-up teaches nothing
+    fresh = saved_histories(pair.drafter)
+    learnt = {method: fresh for method in methods}
     for method in methods:
         try:
             runners[method](pair, batches[0], warm)
         except NotApplicable as exc:
             result.not_applicable[method] = str(exc)
+        restore_histories(pair.drafter, fresh)
     active = [m for m in methods if m not in result.not_applicable]
     for j, batch in enumerate(tqdm(batches, desc=label, unit="batch", dynamic_ncols=True, leave=False)):
         seeded = replace(settings, seed=settings.seed + j)
         fastest: dict[str, MethodRun] = {}
+        before = dict(learnt)
         for round_ in range(repeats):
             turn = (j + round_) % len(active)
             for method in active[turn:] + active[:turn]:
+                restore_histories(pair.drafter, before[method])
                 run = runners[method](pair, batch, seeded)
+                learnt[method] = saved_histories(pair.drafter)
                 if method not in fastest or run.seconds < fastest[method].seconds:
                     fastest[method] = run
         for method in active:
             result.runs[method].append(fastest[method])
         result.batches.append(batch.prompts)
+    restore_histories(pair.drafter, fresh)  # the next comparison starts where this one did
     if settings.temperature == 0:
         result.compared = True
         for method in active[1:]:
