@@ -89,8 +89,16 @@ class StreamedPrompt:
     dflash_tok_s: float
     target_tok_s: float
     lookup_tok_s: float
-    dflash_identical: bool
-    lookup_identical: bool
+    dflash_parts_at: int | None  # the first new token where DFlash's output is not the target alone's (None: same)
+    lookup_parts_at: int | None
+
+    @property
+    def dflash_identical(self) -> bool:
+        return self.dflash_parts_at is None
+
+    @property
+    def lookup_identical(self) -> bool:
+        return self.lookup_parts_at is None
 
     @property
     def identical(self) -> bool:
@@ -103,15 +111,21 @@ class StreamedPrompt:
                 f"{t:.1f} tok/s | prompt lookup {p:.1f} tok/s | DFlash {d / t:.2f}x the target alone and "
                 f"{d / p:.2f}x prompt lookup (prompt lookup {p / t:.2f}x)")
         if greedy:
-            same = "yes" if self.identical else (f"DFlash {'yes' if self.dflash_identical else 'NO'}, "
-                                                 f"prompt lookup {'yes' if self.lookup_identical else 'NO'}")
+            same = "yes" if self.identical else (f"DFlash {_parts(self.dflash_parts_at)}, "
+                                                 f"prompt lookup {_parts(self.lookup_parts_at)}")
             text += f" | identical to target alone: {same}"
+            if not self.identical:
+                text += " (after a difference each run writes its own text: the speeds compare different texts)"
         return text
+
+
+def _parts(position: int | None) -> str:
+    return "yes" if position is None else f"NO (from new token {position})"
 
 
 def _stream_one(pair: Pair, ids, stops: list[int], request: DemoRequest) -> StreamedPrompt:
     """Stream DFlash's completion, then run the target alone and prompt lookup on the same prompt."""
-    from dflash_bench.methods import DecodeSettings, PromptBatch, run_prompt_lookup
+    from dflash_bench.methods import DecodeSettings, PromptBatch, first_difference, run_prompt_lookup
 
     settings = DecodeSettings(request.max_new_tokens, tuple(stops), **request.sampling)
     batch = PromptBatch.of(ids.tolist(), [request.prompt_index], pad_id=0, device=request.device)
@@ -138,7 +152,8 @@ def _stream_one(pair: Pair, ids, stops: list[int], request: DemoRequest) -> Stre
                           dflash_tok_s=profile.tokens_per_s(result.num_new_tokens),
                           target_tok_s=ar_profile.tokens_per_s(ar.num_new_tokens),
                           lookup_tok_s=len(lookup.tokens[0]) / lookup.seconds,
-                          dflash_identical=result.tokens == ar.tokens, lookup_identical=lookup.tokens == ar.tokens)
+                          dflash_parts_at=first_difference(ar.tokens[0], result.tokens[0]),
+                          lookup_parts_at=first_difference(ar.tokens[0], lookup.tokens[0]))
 
 
 def _summary(pair: Pair, prompts: list[str], stops: list[int], request: DemoRequest) -> bool:

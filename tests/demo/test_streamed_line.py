@@ -1,0 +1,25 @@
+"""`make demo`'s last line: where the streamed outputs part from the target alone's, it says where and what that means."""
+
+from __future__ import annotations
+
+from dflash_demo.session import StreamedPrompt
+
+
+def _prompt(dflash_parts_at, lookup_parts_at) -> StreamedPrompt:
+    return StreamedPrompt(tokens=256, tau=2.5, lookup_steps=3, steps=100, dflash_tok_s=200.0, target_tok_s=100.0,
+                          lookup_tok_s=400.0, dflash_parts_at=dflash_parts_at, lookup_parts_at=lookup_parts_at)
+
+
+def test_identical_outputs_say_yes_and_nothing_more():
+    line = _prompt(None, None).line(greedy=True)
+    assert line.endswith("| identical to target alone: yes")
+    assert "2.00x the target alone and 0.50x prompt lookup (prompt lookup 4.00x)" in line
+
+
+def test_a_difference_is_located_and_the_comparison_qualified():
+    streamed = _prompt(108, None)
+    assert not streamed.identical and streamed.lookup_identical
+    line = streamed.line(greedy=True)
+    assert "identical to target alone: DFlash NO (from new token 108), prompt lookup yes" in line
+    assert line.endswith("the speeds compare different texts)")
+    assert "identical" not in _prompt(108, 3).line(greedy=False)  # sampling: nothing to compare token for token
