@@ -22,6 +22,7 @@ from .devices import check_device
 from . import packed_weights
 from .packed_weights import packed_matmuls
 from .pairing import check_compatibility, ensure_mask_token
+from .prepacked_linear import prepack_linears
 from .prompts import encode_prompt, end_of_turn_ids  # noqa: F401 (encode_prompt: the front door's)
 from .target import TargetModel
 from .target_checks import (check_loading_info, check_target_weights, check_tokenizer_files, first_line,
@@ -115,7 +116,8 @@ def load_pair(target_dir: str | os.PathLike, drafter_dir: str | os.PathLike, *, 
     "plain", "fp16-packed", "bf16" (`dflash_core.packed_weights`), or "auto" (default): for an fp32 drafter
     on a CPU, bf16 copies where the CPU has bf16 in hardware (AMX-BF16, AVX512-BF16), else fp16-packed ones
     where FBGEMM runs, each matmul then measuring at which row counts its copy beats fp32 (plain where none
-    did). The target's own forward is never touched.
+    did). The target computes the same numbers it would alone; in bf16 on a CPU its linear layers read weights
+    reordered for oneDNN once instead of at every call (`dflash_core.prepacked_linear`: the same bits, faster).
     """
     if drafter_weights not in ("auto",) + WEIGHT_FORMATS:
         raise ValueError(f"drafter_weights {drafter_weights!r} is not one of auto, {', '.join(WEIGHT_FORMATS)}")
@@ -142,6 +144,10 @@ def load_pair(target_dir: str | os.PathLike, drafter_dir: str | os.PathLike, *, 
         notes += [weights_note] if weights_note else []
     check_compatibility(drafter.config, target)
     drafter.check_runtime(target)
+    packed = prepack_linears(target.model)
+    if packed:
+        notes.append(f"target: {packed} bf16 linear layers read weights prepacked for oneDNN (the same bits, "
+                     "measured faster here)")
     tokenizer = load_tokenizer(target_dir)
     note = ensure_mask_token(tokenizer, drafter.config)
     return Pair(target, drafter, tokenizer, notes + ([note] if note else []))

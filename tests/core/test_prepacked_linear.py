@@ -1,0 +1,73 @@
+"""bf16 linear layers with weights prepacked for oneDNN: the same bits as `F.linear`, decoding unchanged."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from dflash_core.autoregressive import generate_autoregressive
+from dflash_core.decoding import generate
+from dflash_core.loading import load_pair
+from dflash_core.prepacked_linear import _PackedForward, prepack_linears, prepack_supported
+from tiny import drafter_config, save_tiny_pair, tiny_drafter, tiny_target
+
+needs_onednn = pytest.mark.skipif(not prepack_supported(nn.Linear(4, 4).to(torch.bfloat16)),
+                                  reason="this torch build has no oneDNN packed-linear ops")
+
+
+@needs_onednn
+def test_every_projection_computes_the_same_bits_packed():
+    model = tiny_target(layers=2, hidden=64, seed=3).to(torch.bfloat16)
+    ids = torch.randint(0, 64, (2, 21), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        plain = model(ids).logits
+        count = prepack_linears(model, measure=False)  # whether it pays is the machine's; exactness is tested
+        packed = model(ids).logits
+    linears = [m for m in model.modules() if type(m) is nn.Linear]
+    assert count == len(linears) and all(isinstance(m.forward, _PackedForward) for m in linears)
+    assert torch.equal(plain, packed)
+    with torch.inference_mode():
+        assert prepack_linears(model, measure=False) == 0  # already packed: nothing twice
+
+
+@needs_onednn
+def test_a_weight_changed_after_packing_or_a_gradient_falls_back_to_plain():
+    linear = nn.Linear(32, 48, bias=True).to(torch.bfloat16)
+    packed = _PackedForward(linear)
+    x = torch.randn(3, 5, 32).to(torch.bfloat16)
+    with torch.inference_mode():
+        assert torch.equal(packed(x), nn.functional.linear(x, linear.weight, linear.bias))
+    with torch.no_grad():
+        linear.weight.mul_(2)  # the packed copy is now stale
+    with torch.inference_mode():
+        assert torch.equal(packed(x), nn.functional.linear(x, linear.weight, linear.bias))
+    out = _PackedForward(linear)(x)  # grad enabled, weight requires grad: plain, differentiable
+    out.float().sum().backward()
+    assert linear.weight.grad is not None
+
+
+def test_fp32_and_other_devices_are_left_alone():
+    model = tiny_target(layers=1, seed=0)  # fp32
+    assert not prepack_supported(model) and prepack_linears(model) == 0
+    assert all(not isinstance(m.forward, _PackedForward) for m in model.modules() if type(m) is nn.Linear)
+
+
+@needs_onednn
+def test_a_bf16_pair_decodes_as_before(tmp_path):
+    target_dir, drafter_dir = save_tiny_pair(tmp_path)
+    pair = load_pair(target_dir, drafter_dir, dtype="bf16")
+    ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(4))
+    packed = [m for m in pair.target.model.modules() if isinstance(m.forward, _PackedForward)]
+    # load_pair packs where it measured a gain (a note says so); the tiny pair may not gain: pack it regardless
+    assert bool(packed) == any(note.startswith("target: ") and "prepacked" in note for note in pair.notes)
+    with torch.inference_mode():
+        prepack_linears(pair.target.model, measure=False)
+    assert all(isinstance(m.forward, _PackedForward) for m in pair.target.model.modules() if type(m) is nn.Linear)
+    spec = generate(pair.target, pair.drafter, ids, max_new_tokens=20, draft_length=3)
+    alone = generate_autoregressive(pair.target, ids, max_new_tokens=20)
+    for module in pair.target.model.modules():  # the same model, unpacked
+        module.__dict__.pop("forward", None)
+    plain_alone = generate_autoregressive(pair.target, ids, max_new_tokens=20)
+    assert alone.tokens == plain_alone.tokens
+    assert len(spec.tokens[0]) == 20
