@@ -38,11 +38,14 @@ def add_parser(commands) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--drafter-backend", choices=["torch", "onnxruntime"], default="torch",
                    help="run the drafter in torch (default) or its exported ONNX graph with ONNX Runtime")
-    p.add_argument("--drafter-weights", choices=["auto", "plain", "fp16-packed", "bf16"], default="auto",
+    p.add_argument("--drafter-weights", choices=["auto", "plain", "fp16-packed", "bf16", "bf16-prepacked"],
+                   default="auto",
                    help="how the torch drafter's matmuls read their weights while decoding: fp16-packed (FBGEMM, "
                         "fp32 arithmetic; fp32 on a CPU only), bf16 (copies multiplied natively; fp32 on a CPU "
-                        "with AMX-BF16 or AVX512-BF16), plain, or auto (default: bf16 where the CPU has it, else "
-                        "fp16-packed where possible, each matmul measuring where it beats fp32)")
+                        "with AMX-BF16 or AVX512-BF16), bf16-prepacked (a bf16 drafter's weights reordered for "
+                        "oneDNN once; the same bits), plain, or auto (default: bf16 where the CPU has it, else "
+                        "fp16-packed where possible, each matmul measuring where it beats fp32; a bf16 drafter "
+                        "prepacked where that measured faster)")
     add_draft_length_arg(p)
     add_runtime_args(p, default_dtype="auto", allow_auto=True)
     p.set_defaults(run=run)

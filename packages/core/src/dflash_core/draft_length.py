@@ -503,9 +503,9 @@ def cost_table_for(target: TargetModel, drafter, *, sampling: SamplingParams | N
     """The pair's cost table: from this process, else the user's cache directory, else measured now.
 
     Keyed by machine (CPU and ISA flags or GPU, torch, threads), target config, dtype, device, the
-    drafter's config, backend, read-out vocabulary size and weight format, and how tokens are chosen (`sampling`:
-    greedy, or sampled with or without top-p / top-k filtering, whose sort costs time; the temperature's
-    value costs nothing). A few seconds on the demo pair the first time.
+    drafter's config, backend, read-out vocabulary size and weight format, the target's prepacked layers,
+    and how tokens are chosen (`sampling`: greedy, or sampled with or without top-p / top-k filtering,
+    whose sort costs time; the temperature's value costs nothing). A few seconds on the demo pair the first time.
     A cached table is first checked against `spot(target, drafter, block)` (one- and whole-block verify
     times now, a few forwards), since the key cannot see how busy the machine was when the table was
     measured: when now is clearly faster (`table_is_stale`) the table is measured again, used and cached
@@ -520,7 +520,7 @@ def cost_table_for(target: TargetModel, drafter, *, sampling: SamplingParams | N
     key = (f"{machine_key(target.device)}|model={model_key(target.model, block)[:16]}|dtype={short_name(target.dtype)}"
            f"|device={target.device}|drafter={drafter_hash.hexdigest()[:16]}|backend={type(drafter).__name__}"
            f"|readout={len(getattr(drafter, 'draft_vocab', None) or ()) or 'all'}|method={COST_METHOD}"
-           f"{_choice_key(sampling)}{_weights_key(drafter)}")
+           f"{_choice_key(sampling)}{_weights_key(drafter)}{_target_key(target)}")
     if key in _MEASURED:
         return _MEASURED[key]
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -547,6 +547,15 @@ def _weights_key(drafter) -> str:
     """The key's part for how the drafter reads its weights: empty when plain (the keys tables had before)."""
     weight_format = getattr(drafter, "weight_format", "plain")
     return "" if weight_format == "plain" else f"|weights={weight_format}"
+
+
+def _target_key(target: TargetModel) -> str:
+    """The key's part for the target's linear layers: empty when plain, else how many run prepacked
+    (`prepacked_linear`: the same numbers, other times)."""
+    from .prepacked_linear import is_prepacked
+
+    packed = sum(is_prepacked(m) for m in target.model.modules())
+    return f"|prepacked={packed}" if packed else ""
 
 
 def _choice_key(sampling: SamplingParams | None) -> str:

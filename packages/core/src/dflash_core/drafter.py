@@ -24,7 +24,7 @@ from . import packed_weights
 from .matmul_layout import row_bucket
 from .rope import rope_frequencies, rope_table
 
-WEIGHT_FORMATS = ("plain", "fp16-packed", "bf16")
+WEIGHT_FORMATS = ("plain", "fp16-packed", "bf16", "bf16-prepacked")
 
 class _Norm(nn.Module):
     def __init__(self, size: int) -> None:
@@ -155,7 +155,8 @@ class Drafter(nn.Module):
         """How decoding (`extend_cache`, `draft_with_cache` and the drafts' read-out) reads the matmul
         weights: "plain" (the parameters as they are), "fp16-packed" (fp16 copies multiplied in fp32 by
         FBGEMM; an fp32 drafter on a CPU with AVX2) or "bf16" (bf16 copies multiplied natively where each row
-        count measured faster; an fp32 drafter on a CPU with AMX-BF16 or AVX512-BF16); `packed_weights`.
+        count measured faster; an fp32 drafter on a CPU with AMX-BF16 or AVX512-BF16) or "bf16-prepacked" (a bf16
+        drafter's own weights reordered for oneDNN once, the same bits as plain); `packed_weights`.
         Training and `forward` always use the parameters. `load_pair(..., drafter_weights="auto")` chooses by
         measuring on the machine."""
         if weight_format not in WEIGHT_FORMATS:
@@ -167,6 +168,9 @@ class Drafter(nn.Module):
             raise CompatibilityError(f"bf16 weight copies need an fp32 drafter on a CPU with AMX-BF16 or "
                                      f"AVX512-BF16 (elsewhere bf16 matmuls are emulated); this one is {self.dtype} "
                                      f"on {self.device}")
+        if weight_format == "bf16-prepacked" and not packed_weights.bf16_prepacking_supported(self.device, self.dtype):
+            raise CompatibilityError(f"bf16-prepacked weights need a bf16 drafter on a CPU with oneDNN; this one is "
+                                     f"{self.dtype} on {self.device}")
         self.weight_format = weight_format  # a copy already made stays: switching back to it costs nothing
 
     @property
@@ -312,8 +316,8 @@ class Drafter(nn.Module):
 
 
 def _copy_weights(w: graph.DrafterWeights, kind) -> graph.DrafterWeights:
-    """The same weights with every matmul weight wrapped by `kind` (`PackedFp16Linear` or `Bf16Linear`, each
-    measuring where it pays); norms and RoPE stay as they are."""
+    """The same weights with every matmul weight wrapped by `kind` (`PackedFp16Linear`, `Bf16Linear` or
+    `PrepackedBf16Linear`, each measuring where it pays); norms and RoPE stay as they are."""
     layers = tuple(lw._replace(qkv=kind(lw.qkv), o=kind(lw.o), gate_up=kind(lw.gate_up), down=kind(lw.down))
                    for lw in w.layers)
     return w._replace(fc=kind(w.fc), context_kv=kind(w.context_kv), layers=layers)

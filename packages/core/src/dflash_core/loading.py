@@ -113,10 +113,10 @@ def load_pair(target_dir: str | os.PathLike, drafter_dir: str | os.PathLike, *, 
     and its reason are the first of `notes`. backend "onnxruntime" runs an exported drafter graph (a
     .onnx file or a `dflash-convert --to onnx` directory) with ONNX Runtime on the CPU; the target
     stays in torch. drafter_weights (torch backend): how decoding's drafter matmuls read their weights,
-    "plain", "fp16-packed", "bf16" (`dflash_core.packed_weights`), or "auto" (default): for an fp32 drafter
-    on a CPU, bf16 copies where the CPU has bf16 in hardware (AMX-BF16, AVX512-BF16), else fp16-packed ones
-    where FBGEMM runs, each matmul then measuring at which row counts its copy beats fp32 (plain where none
-    did). The target computes the same numbers it would alone; in bf16 on a CPU its linear layers read weights
+    "plain", "fp16-packed", "bf16", "bf16-prepacked" (`dflash_core.packed_weights`), or "auto" (default): for an
+    fp32 drafter on a CPU, bf16 copies where the CPU has bf16 in hardware (AMX-BF16, AVX512-BF16), else
+    fp16-packed ones where FBGEMM runs, each matmul then measuring at which row counts its copy beats fp32;
+    for a bf16 one, its weights prepacked for oneDNN where that measured faster (plain where none did). The target computes the same numbers it would alone; in bf16 on a CPU its linear layers read weights
     reordered for oneDNN once instead of at every call (`dflash_core.prepacked_linear`: the same bits, faster).
     """
     if drafter_weights not in ("auto",) + WEIGHT_FORMATS:
@@ -160,18 +160,21 @@ def _choose_drafter_weights(drafter, requested: str) -> str | None:
     if requested == "plain":
         return None
     candidates = [requested] if requested != "auto" else [
-        f for f in ("bf16", "fp16-packed") if packed_weights.format_supported(f, drafter.device, drafter.dtype)]
+        f for f in ("bf16", "fp16-packed", "bf16-prepacked")
+        if packed_weights.format_supported(f, drafter.device, drafter.dtype)]
     for weight_format in candidates:
         drafter.use_weight_format(weight_format)  # explicit and unsupported: a CompatibilityError naming why
         with torch.inference_mode():  # copies now (decoding's weights), each matmul measuring where it pays
             matmuls = packed_matmuls(drafter.decode_weights())
         won = [w.faster_rows for w in matmuls if w.faster_rows]
         if won or requested != "auto":
-            kernel = ("fp16-packed (FBGEMM, fp32 arithmetic)" if weight_format == "fp16-packed"
-                      else "bf16 copies (native bf16 matmuls, fp32 in and out)")
+            kernel = {"fp16-packed": "fp16-packed (FBGEMM, fp32 arithmetic)",
+                      "bf16": "bf16 copies (native bf16 matmuls, fp32 in and out)",
+                      "bf16-prepacked": "bf16 prepacked for oneDNN (the same bits)"}[weight_format]
             span = f"{min(min(r) for r in won)}-{max(max(r) for r in won)}" if won else "no"
+            baseline = "plain bf16" if weight_format == "bf16-prepacked" else "fp32"
             return (f"drafter weights {kernel} for {len(won)} of {len(matmuls)} matmuls, at {span} rows: measured "
-                    f"faster than fp32 there on this CPU")
+                    f"faster than {baseline} there on this CPU")
     if not candidates:
         return None
     drafter.use_weight_format("plain")

@@ -211,27 +211,72 @@ def measure_kernels(linear: Bf16Linear, repeats: int = 5) -> dict[int, str]:
     return choices
 
 
-DECODE_LINEARS = {"fp16-packed": PackedFp16Linear, "bf16": Bf16Linear}  # weight format -> its matmul class
+class PrepackedBf16Linear:
+    """y = x @ W.T (+ bias) for a bf16 drafter: bf16 x [..., K] -> [..., N], W [N, K] reordered for oneDNN once.
+
+    In bf16 on a CPU `F.linear` is oneDNN's matmul, which reorders the weight into its blocked layout at every
+    call; this calls the same kernel on a weight reordered when the copy is made (`prepacked_linear`), so the
+    output is the same bits, faster (the demo drafter's matmuls on the Zen 4 EPYC: see docs/benchmarks.md).
+    `faster_rows`: the probed row counts where it measured faster than `F.linear` (empty: no gain here).
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        if weight.dim() != 2 or weight.dtype != torch.bfloat16 or weight.device.type != "cpu":
+            raise ValueError(f"expected a 2D bf16 CPU weight, got {tuple(weight.shape)} {weight.dtype} on {weight.device}")
+        self.out_features, self.in_features = weight.shape
+        self.weight = weight.detach()
+        self.bias = None if bias is None else bias.detach()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
+        self.faster_rows = [rows for rows in (1, 16) if self._wins(rows)]
+
+    def _wins(self, rows: int) -> bool:
+        x = torch.randn(rows, self.in_features).to(torch.bfloat16)
+        best = fastest_alternating({"packed": lambda: self(x), "plain": lambda: F.linear(x, self.weight, self.bias)}, 5)
+        return best["packed"] <= WIN_MARGIN * best["plain"]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.bfloat16:
+            return F.linear(x, self.weight, self.bias)
+        flat = x.reshape(-1, self.in_features)
+        out = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+# weight format -> its matmul class
+DECODE_LINEARS = {"fp16-packed": PackedFp16Linear, "bf16": Bf16Linear, "bf16-prepacked": PrepackedBf16Linear}
 
 
 def format_supported(weight_format: str, device: torch.device | str, dtype: torch.dtype) -> bool:
     """Whether a drafter on `device` in `dtype` can decode with `weight_format`'s copies ("plain": never copies)."""
     if weight_format == "fp16-packed":
         return fp16_packing_supported(device, dtype)
+    if weight_format == "bf16-prepacked":
+        return bf16_prepacking_supported(device, dtype)
     return weight_format == "bf16" and bf16_matmuls_supported(device, dtype)
-Weight = torch.Tensor | PackedFp16Linear | Bf16Linear
+
+
+@functools.lru_cache(maxsize=None)
+def bf16_prepacking_supported(device: torch.device | str, dtype: torch.dtype) -> bool:
+    """A bf16 drafter on a CPU whose torch has oneDNN's packed-linear ops (`PrepackedBf16Linear`)."""
+    ops = torch.ops.mkldnn
+    return (torch.device(device).type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+            and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise"))
+
+
+Weight = torch.Tensor | PackedFp16Linear | Bf16Linear | PrepackedBf16Linear
+COPIES = (PackedFp16Linear, Bf16Linear, PrepackedBf16Linear)
 
 
 def linear(x: torch.Tensor, weight: Weight) -> torch.Tensor:
     """F.linear(x, weight) for a plain weight tensor, else the copy's own kernel (`PackedFp16Linear`, `Bf16Linear`)."""
-    if isinstance(weight, (PackedFp16Linear, Bf16Linear)):
+    if isinstance(weight, COPIES):
         return weight(x)
     return F.linear(x, weight)
 
 
-def packed_matmuls(weights) -> list[PackedFp16Linear | Bf16Linear]:
+def packed_matmuls(weights) -> list[PackedFp16Linear | Bf16Linear | PrepackedBf16Linear]:
     """The packed (or bf16-copied) matmul weights of a `graph.DrafterWeights` (none when it is plain)."""
     found = [weights.fc, weights.context_kv]
     for layer in weights.layers:
         found += [layer.qkv, layer.o, layer.gate_up, layer.down]
-    return [w for w in found if isinstance(w, (PackedFp16Linear, Bf16Linear))]
+    return [w for w in found if isinstance(w, COPIES)]
