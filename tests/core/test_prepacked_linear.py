@@ -71,3 +71,15 @@ def test_a_bf16_pair_decodes_as_before(tmp_path):
     plain_alone = generate_autoregressive(pair.target, ids, max_new_tokens=20)
     assert alone.tokens == plain_alone.tokens
     assert len(spec.tokens[0]) == 20
+
+
+def test_the_dtype_probe_times_bf16_as_decoding_reads_it_and_leaves_the_model_alone(monkeypatch):
+    from dflash_core import auto_dtype, prepacked_linear
+
+    packed_models = []
+    real = prepacked_linear.prepack_linears
+    monkeypatch.setattr(auto_dtype, "prepack_linears", lambda m, **kw: packed_models.append(m) or real(m, **kw))
+    model = tiny_target(layers=1, seed=2)  # fp32: the bf16 probe runs on a cast copy
+    costs = auto_dtype.probe_forward_costs(model, torch.bfloat16, 4, context=8, repeats=1)
+    assert costs["dtype"] == "bf16" and len(packed_models) == 1 and packed_models[0] is not model
+    assert not any(isinstance(m.__dict__.get("forward"), _PackedForward) for m in model.modules())

@@ -41,6 +41,7 @@ from transformers import DynamicCache
 from .dtypes import resolve_dtype, short_name
 from .profiling import sync_device
 from .target import cache_argument
+from .prepacked_linear import prepack_linears
 from .target_cache import truncate_cache
 
 CACHE_FILE = "dtype_probe.json"
@@ -69,6 +70,8 @@ def probe_forward_costs(model: torch.nn.Module, dtype: torch.dtype, block_size: 
     if block_size < 1 or context < 1 or repeats < 1:
         raise ValueError(f"block_size, context and repeats must be >= 1, got {block_size}, {context}, {repeats}")
     twin, ids = _twin_and_ids(model, dtype, (1, context + block_size))
+    if twin is not model:  # a cast copy: give it the weights decoding would read (`load_pair` prepacks bf16 alike)
+        prepack_linears(twin)
     device = ids.device
     cache = DynamicCache()
     cache_kw = cache_argument(twin)
@@ -278,7 +281,8 @@ def resolve_auto_dtype(model: torch.nn.Module, block_size: int, *, device: torch
         return torch.bfloat16, f"bf16: {describe_machine(device)} supports it"
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     key = f"{machine_key(device)}|model={model_key(model, block_size)[:16]}|block={block_size}"
-    key += "" if workload == "decode" else f"|workload={workload}"  # decode keys as they always were
+    # decode: bf16 probed with its weights prepacked as decoding reads them (`prepacked_linear`); train as always
+    key += "|bf16=prepacked" if workload == "decode" else f"|workload={workload}"
     data = read_cache(cache_dir)
     entry = data.get(key)
     if _valid_entry(entry):

@@ -40,17 +40,25 @@ class _PackedForward:
 
     def __init__(self, linear: nn.Linear) -> None:
         self.linear = linear
-        self.version = linear.weight._version
+        self.version = _version(linear.weight)
         with torch.no_grad():
             self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.linear.weight, self.linear.bias
-        if weight._version != self.version or (torch.is_grad_enabled() and weight.requires_grad):
+        if _version(weight) != self.version or (torch.is_grad_enabled() and weight.requires_grad):
             return F.linear(x, weight, bias)
         rows = x.reshape(-1, x.shape[-1])  # [*, K] -> [M, K]
         out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, bias, "none", [], "")
         return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def _version(weight: torch.Tensor) -> int | None:
+    """The weight's in-place version counter (None for a tensor made under inference mode, which keeps none)."""
+    try:
+        return weight._version
+    except RuntimeError:
+        return None
 
 
 def is_prepacked(linear: nn.Module) -> bool:
