@@ -83,3 +83,21 @@ def test_the_dtype_probe_times_bf16_as_decoding_reads_it_and_leaves_the_model_al
     costs = auto_dtype.probe_forward_costs(model, torch.bfloat16, 4, context=8, repeats=1)
     assert costs["dtype"] == "bf16" and len(packed_models) == 1 and packed_models[0] is not model
     assert not any(isinstance(m.__dict__.get("forward"), _PackedForward) for m in model.modules())
+
+
+@needs_onednn
+def test_a_packed_model_can_be_copied_and_cast():
+    import copy
+
+    model = tiny_target(layers=1, seed=4).to(torch.bfloat16)
+    with torch.inference_mode():
+        prepack_linears(model, measure=False)
+    ids = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(0))
+    twin = copy.deepcopy(model)
+    assert all(isinstance(m.__dict__.get("forward"), _PackedForward) and m.forward.linear is m
+               for m in twin.modules() if type(m) is nn.Linear)  # each copy packs its own copied weight
+    with torch.inference_mode():
+        assert torch.equal(twin(ids).logits, model(ids).logits)
+        as_fp32 = model.float()(ids).logits  # cast after packing: the packed bf16 copies are not used
+        plain = tiny_target(layers=1, seed=4).to(torch.bfloat16).float()(ids).logits
+    assert as_fp32.dtype == torch.float32 and torch.equal(as_fp32, plain)

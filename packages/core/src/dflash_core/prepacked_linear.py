@@ -11,12 +11,14 @@ Exactness: the same oneDNN kernel on the same numbers, so the same bits (checked
 when it is packed, over 1 and 16 rows; a layer that differs stays as it was). fp32 is left alone:
 there `F.linear` is MKL's GEMM, and oneDNN's differs in the last bits.
 
-The packed copy is of the weight as it is when packed: a layer whose weight is then changed in place
-(its version counter moves) or that computes a gradient runs plain `F.linear` again.
+The packed copy is of the weight as it is when packed: a layer whose weight is then changed in place,
+cast or moved (its version counter, dtype or storage differ) or that computes a gradient runs plain
+`F.linear` again; a deep copy of the model packs the copied weights anew.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 
 import torch
@@ -38,15 +40,30 @@ def prepack_supported(model: nn.Module) -> bool:
 class _PackedForward:
     """A Linear's forward through its prepacked weight; plain `F.linear` where the packed copy would be wrong."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, *, pack_now: bool = True) -> None:
         self.linear = linear
-        self.version = _version(linear.weight)
+        self.packed: torch.Tensor | None = None  # an opaque oneDNN tensor
+        self.source: tuple | None = None  # (storage, dtype, version) of the weight that was packed
+        if pack_now:
+            self._pack()
+
+    def _pack(self) -> None:
+        weight = self.linear.weight
+        self.source = (weight.data_ptr(), weight.dtype, _version(weight))
         with torch.no_grad():
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+
+    def __deepcopy__(self, memo) -> "_PackedForward":
+        # the packed weight cannot be copied, and the copied layer has no weight yet while it is being copied:
+        # its copy packs at its first call
+        return _PackedForward(copy.deepcopy(self.linear, memo), pack_now=False)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.linear.weight, self.linear.bias
-        if _version(weight) != self.version or (torch.is_grad_enabled() and weight.requires_grad):
+        if self.packed is None and weight.dtype == torch.bfloat16 and weight.device.type == "cpu":
+            self._pack()
+        current = (weight.data_ptr(), weight.dtype, _version(weight))  # changed in place, cast or moved: plain
+        if current != self.source or x.dtype != weight.dtype or (torch.is_grad_enabled() and weight.requires_grad):
             return F.linear(x, weight, bias)
         rows = x.reshape(-1, x.shape[-1])  # [*, K] -> [M, K]
         out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, bias, "none", [], "")
