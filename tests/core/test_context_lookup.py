@@ -167,3 +167,14 @@ def test_the_drafter_context_after_copied_steps_is_the_committed_history(seed):
 
 def test_the_context_check_covers_copied_steps():
     assert sum(_check_drafter_context(seed) >= 1 for seed in range(6)) >= 3
+
+
+def test_a_copy_passed_over_for_the_drafter_is_scored_against_what_the_target_committed():
+    """Where the drafter drafted although the row had a copy, the copy's outcome is read off the committed tokens
+    (greedy): its lookup policy keeps learning while it is not chosen, instead of starving on old rejections."""
+    from dflash_core.decoding import _shadow_outcome
+
+    assert _shadow_outcome([5, 6, 7], [5, 6, 9]) == (3, 2)  # 2 accepted, the third rejected
+    assert _shadow_outcome([4], [5, 1]) == (1, 0)
+    assert _shadow_outcome([5, 6, 7], [5, 6]) == (2, 2)  # the step committed 2: nothing known past them
+    assert _shadow_outcome([5, 6], [5, 6, 9, 9]) == (2, 2)  # the copy ends first

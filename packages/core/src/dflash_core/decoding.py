@@ -208,6 +208,7 @@ class _Decoder:
                  lookup: DraftLengthPolicy | None = None, trim: bool = False) -> None:
         self.target, self.drafter, self.params, self.stops = target, drafter, params, stops
         self.lookup = lookup  # the context-lookup source's policy (None: drafter drafts only)
+        self.shadow: list[list[int]] | None = None  # this step's lookup copies when the drafter drafts instead (greedy)
         self.histories = [NgramIndex(p) for p in prompts] if lookup is not None else []  # per original row
         self.prompts, self.max_new_tokens = prompts, max_new_tokens
         self.device = target.device
@@ -299,7 +300,7 @@ class _Decoder:
         host = torch.cat([accepted[:, None], bonus[:, None], drafts], dim=1).tolist()  # one device sync
         counts = [h[0] + 1 for h in host]  # block positions the target has now verified, per row
         self.tcache.commit(k + 1, counts)
-        self._observe(k, copied, [h[0] for h in host], cut)
+        self._observe(k, copied, [h[0] for h in host], cut, [h[2 : 2 + h[0]] + [h[1]] for h in host])
         keep = max(counts)
         clock.start()
         # KV injection of the accepted tokens: drafter work, timed as drafting
@@ -355,6 +356,7 @@ class _Decoder:
         drafter's k, counting only the rows that have a copy (a row without one commits 1 token, its
         width wasted), or when its policy retries (budgeted exploration). Copies are cut to k_l.
         """
+        self.shadow = None
         if self.lookup is None:
             return None
         rows, limit = self.rows, max(self.rows.remaining) - 1
@@ -374,18 +376,23 @@ class _Decoder:
         best = max(range(1, len(rates)), key=lambda j: (rates[j], -j))
         # the drafter's rate at its k, recomputed: a policy of the caller's may override `choose`
         if rates[best] <= max(rates[0], self.policy.rates(batch)[k]):
+            self.shadow = copies if self.params.greedy else None  # scored against what the target commits
             return None
         return [c[:best] for c in copies]
 
     def _observe(self, k: int, copied: list[list[int]] | None, accepted: list[int],
-                 cut: list[float] | None = None) -> None:
+                 cut: list[float] | None = None, committed: list[list[int]] | None = None) -> None:
         """Each row's outcome to the policy of the source that drafted (a lookup step is idle time to the other);
-        `cut`: per row the confidence of the first draft `_trim` left unverified."""
+        `cut`: per row the confidence of the first draft `_trim` left unverified. Where the lookup had a copy
+        but the drafter drafted (greedy), the copy is scored against the tokens the target committed
+        (`committed`, per row): what it would have had accepted, as far as those tokens tell."""
         if not isinstance(self.policy, DraftLengthPolicy):
             return
         for i, a in enumerate(accepted):
             if copied is None:
                 self.policy.observe(k, a, None if cut is None else cut[i])
+                if self.shadow and self.shadow[i] and committed is not None:
+                    self.lookup.observe(*_shadow_outcome(self.shadow[i], committed[i]))
                 continue
             self.policy.observe(0, 0)
             if copied[i]:  # padding past a row's copy is not the lookup's miss
@@ -448,3 +455,12 @@ class _Decoder:
                     features, positions, lengths = self.prompt_features
                     self.prompt_features = (features.index_select(0, index), positions.index_select(0, index),
                                             [lengths[i] for i in keep])
+
+
+def _shadow_outcome(copy: list[int], committed: list[int]) -> tuple[int, int]:
+    """(drafts verified, accepted) had `copy` been verified at a step that committed `committed` (the target's
+    tokens): its first m tokens equal those, so m accepted; a mismatch within both is the (m+1)-th draft
+    rejected; where the copy or the committed tokens end first, nothing is known past them."""
+    known = min(len(copy), len(committed))
+    m = next((j for j in range(known) if copy[j] != committed[j]), known)
+    return (m + 1, m) if m < known else (m, m)
