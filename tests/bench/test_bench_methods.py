@@ -328,5 +328,6 @@ def test_each_method_learns_from_earlier_requests_alone_and_every_round_replays_
         assert rounds[(1,)][0] != before, name  # and the next batch starts from what the previous one taught
     # dflash_drafter never drafts from the context: its own history has no "lookup" evidence from dflash's runs
     drafter_only = [state for _, state in seen["dflash_drafter"]]
+    assert any(state.get("lookup", [0.0])[0] > 0 for _, state in seen["dflash"])  # there was some to leak
     assert all(state.get("lookup", [0.0])[0] == 0.0 for state in drafter_only)
     assert {k: list(h.reached) for k, h in saved_histories(pair.drafter).items()} == before  # left as found

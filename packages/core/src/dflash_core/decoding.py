@@ -300,7 +300,8 @@ class _Decoder:
         host = torch.cat([accepted[:, None], bonus[:, None], drafts], dim=1).tolist()  # one device sync
         counts = [h[0] + 1 for h in host]  # block positions the target has now verified, per row
         self.tcache.commit(k + 1, counts)
-        self._observe(k, copied, [h[0] for h in host], cut, [h[2 : 2 + h[0]] + [h[1]] for h in host])
+        committed = [h[2 : 2 + h[0]] + [h[1]] for h in host]  # per row: accepted drafts + the target's token
+        self._observe(k, copied, [h[0] for h in host], cut, committed)
         keep = max(counts)
         clock.start()
         # KV injection of the accepted tokens: drafter work, timed as drafting
@@ -318,7 +319,7 @@ class _Decoder:
                 source = "lookup" if copied is not None else "drafter" if k or cut is not None else "plain"
                 self.profile.step_log.append(StepRecord(source, k, tuple(counts)))
         rows.last = bonus
-        return self._emit([h[2 : 2 + h[0]] + [h[1]] for h in host], verified=True)
+        return self._emit(committed, verified=True)
 
     def _inject_pending(self) -> None:
         """KV injection of the prompts (once), then of what steps without a drafter pass committed, in one

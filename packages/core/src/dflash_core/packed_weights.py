@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from .matmul_layout import row_bucket
+from .prepacked_linear import pack_weight, packed_product, prepacking_available
 
 
 @functools.lru_cache(maxsize=None)
@@ -226,7 +227,7 @@ class PrepackedBf16Linear:
         self.out_features, self.in_features = weight.shape
         self.weight = weight.detach()
         self.bias = None if bias is None else bias.detach()
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
+        self.packed = pack_weight(self.weight)
         self.faster_rows = [rows for rows in (1, 16) if self._wins(rows)]
 
     def _wins(self, rows: int) -> bool:
@@ -237,9 +238,7 @@ class PrepackedBf16Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.bfloat16:
             return F.linear(x, self.weight, self.bias)
-        flat = x.reshape(-1, self.in_features)
-        out = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
-        return out.view(*x.shape[:-1], self.out_features)
+        return packed_product(x, self.packed, self.bias, self.out_features)
 
 
 # weight format -> its matmul class
@@ -257,10 +256,8 @@ def format_supported(weight_format: str, device: torch.device | str, dtype: torc
 
 @functools.lru_cache(maxsize=None)
 def bf16_prepacking_supported(device: torch.device | str, dtype: torch.dtype) -> bool:
-    """A bf16 drafter on a CPU whose torch has oneDNN's packed-linear ops (`PrepackedBf16Linear`)."""
-    ops = torch.ops.mkldnn
-    return (torch.device(device).type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
-            and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise"))
+    """A bf16 drafter on a CPU whose torch has oneDNN's packed-linear ops (`PrepackedBf16Linear`). Cached per process."""
+    return prepacking_available(device, dtype)
 
 
 Weight = torch.Tensor | PackedFp16Linear | Bf16Linear | PrepackedBf16Linear

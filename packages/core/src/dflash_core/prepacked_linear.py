@@ -19,7 +19,6 @@ cast or moved (its version counter, dtype or storage differ) or that computes a 
 from __future__ import annotations
 
 import copy
-import time
 
 import torch
 import torch.nn as nn
@@ -28,13 +27,30 @@ import torch.nn.functional as F
 CHECK_ROWS = (1, 16)  # row counts of the exactness check (a one-token step and a verify)
 
 
-def prepack_supported(model: nn.Module) -> bool:
-    """bf16 weights on a CPU, with oneDNN and its packed-linear ops in this torch build."""
-    weight = next(model.parameters(), None)
+def prepacking_available(device: torch.device | str, dtype: torch.dtype) -> bool:
+    """bf16 on a CPU, with oneDNN and its packed-linear ops in this torch build (the drafter's
+    `bf16-prepacked` weight format asks the same)."""
     ops = torch.ops.mkldnn
-    return (weight is not None and weight.device.type == "cpu" and weight.dtype == torch.bfloat16
-            and torch.backends.mkldnn.is_available()
+    return (torch.device(device).type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
             and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise"))
+
+
+def prepack_supported(model: nn.Module) -> bool:
+    """The model's weights are bf16 on a CPU where prepacking is available."""
+    weight = next(model.parameters(), None)
+    return weight is not None and prepacking_available(weight.device, weight.dtype)
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] bf16 -> an opaque oneDNN tensor in the layout its matmul reads."""
+    with torch.no_grad():
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+
+
+def packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """x [..., K] @ W.T (+ bias) -> [..., N] through `pack_weight`'s W: the bits of `F.linear(x, W, bias)`."""
+    out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, bias, "none", [], "")
+    return out.view(*x.shape[:-1], out_features)
 
 
 class _PackedForward:
@@ -43,15 +59,15 @@ class _PackedForward:
     def __init__(self, linear: nn.Linear, *, pack_now: bool = True) -> None:
         self.linear = linear
         self.packed: torch.Tensor | None = None  # an opaque oneDNN tensor
-        self.source: tuple | None = None  # (storage, dtype, version) of the weight that was packed
+        self.source: tuple | None = None  # (storage, dtype) of the weight that was packed
+        self.version: int | None = None  # its in-place version (None: made under inference mode, which keeps none)
         if pack_now:
             self._pack()
 
     def _pack(self) -> None:
         weight = self.linear.weight
-        self.source = (weight.data_ptr(), weight.dtype, _version(weight))
-        with torch.no_grad():
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+        self.source, self.version = (weight.data_ptr(), weight.dtype), _version(weight)
+        self.packed = pack_weight(weight)
 
     def __deepcopy__(self, memo) -> "_PackedForward":
         # the packed weight cannot be copied, and the copied layer has no weight yet while it is being copied:
@@ -62,12 +78,11 @@ class _PackedForward:
         weight, bias = self.linear.weight, self.linear.bias
         if self.packed is None and weight.dtype == torch.bfloat16 and weight.device.type == "cpu":
             self._pack()
-        current = (weight.data_ptr(), weight.dtype, _version(weight))  # changed in place, cast or moved: plain
-        if current != self.source or x.dtype != weight.dtype or (torch.is_grad_enabled() and weight.requires_grad):
+        stale = (weight.data_ptr(), weight.dtype) != self.source or (  # cast, moved or changed in place: plain
+            self.version is not None and weight._version != self.version)
+        if stale or x.dtype != weight.dtype or (torch.is_grad_enabled() and weight.requires_grad):
             return F.linear(x, weight, bias)
-        rows = x.reshape(-1, x.shape[-1])  # [*, K] -> [M, K]
-        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, bias, "none", [], "")
-        return out.view(*x.shape[:-1], out.shape[-1])
+        return packed_product(x, self.packed, bias, weight.shape[0])
 
 
 def _version(weight: torch.Tensor) -> int | None:
@@ -92,16 +107,6 @@ def _same_bits(linear: nn.Linear, packed: _PackedForward) -> bool:
     return True
 
 
-def _fastest(run, repeats: int = 5) -> float:
-    run()
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - started)
-    return best
-
-
 @torch.inference_mode()
 def prepack_linears(model: nn.Module, *, measure: bool = True) -> int:
     """Give every `nn.Linear` of a bf16 CPU model a prepacked forward that computes the same bits.
@@ -117,8 +122,13 @@ def prepack_linears(model: nn.Module, *, measure: bool = True) -> int:
     largest = max(linears, key=lambda m: m.weight.numel())
     trial = _PackedForward(largest)
     x = torch.randn(16, largest.in_features).to(largest.weight.dtype)
-    if measure and _fastest(lambda: trial(x)) >= _fastest(lambda: F.linear(x, largest.weight, largest.bias)):
-        return 0
+    if measure:
+        from .packed_weights import fastest_alternating  # (it imports this module)
+
+        best = fastest_alternating({"packed": lambda: trial(x), "plain": lambda: F.linear(x, largest.weight,
+                                                                                          largest.bias)}, 5)
+        if best["packed"] >= best["plain"]:
+            return 0
     count = 0
     for linear in linears:
         packed = trial if linear is largest else _PackedForward(linear)
