@@ -101,3 +101,42 @@ def test_a_packed_model_can_be_copied_and_cast():
         as_fp32 = model.float()(ids).logits  # cast after packing: the packed bf16 copies are not used
         plain = tiny_target(layers=1, seed=4).to(torch.bfloat16).float()(ids).logits
     assert as_fp32.dtype == torch.float32 and torch.equal(as_fp32, plain)
+
+
+_WITHOUT_NATIVE_BF16 = """
+import sys, torch
+from dflash_core.auto_dtype import probe_forward_costs
+from dflash_core.autoregressive import generate_autoregressive
+from dflash_core.decoding import generate
+from dflash_core.loading import load_pair
+from dflash_core.prepacked_linear import prepack_linears, prepacking_available
+
+from dflash_core.auto_dtype import machine_key
+from dflash_core.packed_weights import bf16_matmuls_supported
+
+assert not prepacking_available("cpu", torch.bfloat16) and not bf16_matmuls_supported("cpu", torch.float32)
+assert "no-onednn-bf16" in machine_key()  # timings cached under full kernels are not read back here
+pair = load_pair(sys.argv[1], sys.argv[2], dtype="bf16")
+with torch.inference_mode():
+    assert prepack_linears(pair.target.model, measure=False) == 0
+ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(4))
+spec = generate(pair.target, pair.drafter, ids, max_new_tokens=12)
+assert spec.tokens == generate_autoregressive(pair.target, ids, max_new_tokens=12).tokens
+assert probe_forward_costs(pair.target.model.float(), torch.bfloat16, 4, context=8, repeats=1)["dtype"] == "bf16"
+print("ok")
+"""
+
+
+def test_a_cpu_without_native_bf16_decodes_bf16_unpacked(tmp_path):
+    """oneDNN has no bf16 kernels on an AVX2-only CPU and refuses to prepack bf16 weights there: bf16 still
+    decodes, and the dtype probe times it, through plain (emulated) matmuls; no bf16 drafter copies are made.
+    ONEDNN_MAX_CPU_ISA=AVX2 makes any CPU such a CPU for oneDNN."""
+    import os
+    import subprocess
+    import sys
+
+    target_dir, drafter_dir = save_tiny_pair(tmp_path)
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_NATIVE_BF16, str(target_dir), str(drafter_dir)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]

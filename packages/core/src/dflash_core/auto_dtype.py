@@ -41,7 +41,7 @@ from transformers import DynamicCache
 from .dtypes import resolve_dtype, short_name
 from .profiling import sync_device
 from .target import cache_argument
-from .prepacked_linear import prepack_linears
+from .prepacked_linear import onednn_bf16_kernels, prepack_linears
 from .target_cache import truncate_cache
 
 CACHE_FILE = "dtype_probe.json"
@@ -201,12 +201,19 @@ def describe_machine(device: torch.device | str = "cpu") -> str:
 
 
 def machine_key(device: torch.device | str = "cpu") -> str:
-    """What a timing depends on besides the model: CPU model + ISA flags, torch, threads (or the GPU)."""
+    """What a timing depends on besides the model: CPU model + ISA flags, the kernels torch runs on them (capped
+    by ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA where set), torch, threads (or the GPU)."""
     device = torch.device(device)
     if device.type == "cuda":
         return f"cuda={torch.cuda.get_device_name(device)}|torch={torch.__version__}"
     name, isa = cpu_facts()
-    return f"cpu={name}|isa={','.join(isa) or 'none'}|torch={torch.__version__}|threads={torch.get_num_threads()}"
+    return (f"cpu={name}|isa={','.join(isa) or 'none'}|kernels={cpu_kernels()}|torch={torch.__version__}"
+            f"|threads={torch.get_num_threads()}")
+
+
+def cpu_kernels() -> str:
+    """The vector ISA of torch's own CPU kernels, and whether oneDNN has bf16 kernels, e.g. "AVX512,onednn-bf16"."""
+    return f"{torch.backends.cpu.get_cpu_capability()},{'onednn-bf16' if onednn_bf16_kernels() else 'no-onednn-bf16'}"
 
 
 def model_key(model: torch.nn.Module, block_size: int) -> str:

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from .matmul_layout import row_bucket
-from .prepacked_linear import pack_weight, packed_product, prepacking_available
+from .prepacked_linear import onednn_bf16_kernels, pack_weight, packed_product, prepacking_available
 
 
 @functools.lru_cache(maxsize=None)
@@ -57,7 +57,7 @@ def bf16_matmuls_supported(device: torch.device | str, dtype: torch.dtype) -> bo
 
     if torch.device(device).type != "cpu" or dtype != torch.float32:
         return False
-    return bool({"amx_bf16", "avx512_bf16"} & set(cpu_facts()[1]))
+    return bool({"amx_bf16", "avx512_bf16"} & set(cpu_facts()[1])) and onednn_bf16_kernels()
 
 
 def _check_weight(weight: torch.Tensor) -> None:
