@@ -24,6 +24,7 @@ print('device:', torch.cuda.get_device_name(0) if d != 'cpu' else 'cpu', '| torc
     "$PYTHON" -m dflash_bench.step_cost --device "$DEVICE" --dtype "$dtype" --repeats "$REPEATS" --out "$OUT" \
         --name "step_cost_$dtype"
   done
-  "$PYTHON" -m dflash_cli bench e2e --device "$DEVICE" --dtypes fp32,bf16 --methods ar,dflash,dflash_drafter,dflash_full,prompt_lookup \
+  "$PYTHON" -m dflash_cli bench e2e --device "$DEVICE" --dtypes fp32,bf16 \
+      --methods ar,dflash,dflash_drafter,dflash_full,prompt_lookup,assisted \
       --batch-sizes "$BATCHES" --prompts "$PROMPTS" --max-new-tokens "$TOKENS" --out "$OUT" --force
 } 2>&1 | tee "$OUT/log.txt"
