@@ -111,11 +111,12 @@ from dflash_core.decoding import generate
 from dflash_core.loading import load_pair
 from dflash_core.prepacked_linear import prepack_linears, prepacking_available
 
-from dflash_core.auto_dtype import machine_key
+from dflash_core.auto_dtype import describe_machine, machine_key
 from dflash_core.packed_weights import bf16_matmuls_supported
 
 assert not prepacking_available("cpu", torch.bfloat16) and not bf16_matmuls_supported("cpu", torch.float32)
 assert "no-onednn-bf16" in machine_key()  # timings cached under full kernels are not read back here
+assert "bf16 matmuls are emulated" in describe_machine()  # what the dtype note says, whatever the CPU's flags
 pair = load_pair(sys.argv[1], sys.argv[2], dtype="bf16")
 with torch.inference_mode():
     assert prepack_linears(pair.target.model, measure=False) == 0
