@@ -14,7 +14,7 @@ from dflash_core.errors import CompatibilityError
 from dflash_core.packed_weights import PrepackedBf16Linear, packed_matmuls
 
 needs_onednn = pytest.mark.skipif(not packed_weights.bf16_prepacking_supported("cpu", torch.bfloat16),
-                                  reason="this torch build has no oneDNN packed-linear ops")
+                                  reason="no oneDNN bf16 packed-linear kernels here (an AVX2-only CPU)")
 
 
 @needs_onednn

@@ -13,7 +13,7 @@ from dflash_core.prepacked_linear import _PackedForward, prepack_linears, prepac
 from tiny import drafter_config, save_tiny_pair, tiny_drafter, tiny_target
 
 needs_onednn = pytest.mark.skipif(not prepack_supported(nn.Linear(4, 4).to(torch.bfloat16)),
-                                  reason="this torch build has no oneDNN packed-linear ops")
+                                  reason="no oneDNN bf16 packed-linear kernels here (an AVX2-only CPU)")
 
 
 @needs_onednn
