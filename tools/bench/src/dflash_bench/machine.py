@@ -8,6 +8,11 @@ from pathlib import Path
 
 import torch
 
+from dflash_core.auto_dtype import cpu_kernels
+
+# environment variables that make torch run lesser kernels than the CPU has (an AVX2-only CPU, emulated)
+KERNEL_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+
 
 def cpu_model() -> str:
     try:
@@ -39,7 +44,11 @@ def describe() -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "platform": platform.platform(),
+        "torch_kernels": cpu_kernels(),
     }
+    caps = {name: os.environ[name] for name in KERNEL_CAPS if os.environ.get(name)}
+    if caps:
+        info["kernel_caps"] = caps
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     return info
@@ -59,5 +68,8 @@ def isa_summary(flags: list[str]) -> str:
 def one_line(info: dict) -> str:
     flags = info.get("cpu_flags", [])
     gpu = f", {info['gpu']}" if "gpu" in info else ", no GPU"
-    return (f"{info['cpu']} ({info['cores']} cores, {isa_summary(flags)}{gpu}; flags {' '.join(flags) or 'unknown'}), "
-            f"torch {info['torch']} with {info['torch_threads']} threads")
+    caps = info.get("kernel_caps")
+    capped = (f"; torch's kernels capped by {' '.join(f'{k}={v}' for k, v in caps.items())} to {info['torch_kernels']}"
+              if caps else "")
+    return (f"{info['cpu']} ({info['cores']} cores, {isa_summary(flags)}{gpu}; flags {' '.join(flags) or 'unknown'}"
+            f"{capped}), torch {info['torch']} with {info['torch_threads']} threads")
