@@ -103,16 +103,14 @@ def test_a_packed_model_can_be_copied_and_cast():
     assert as_fp32.dtype == torch.float32 and torch.equal(as_fp32, plain)
 
 
-_WITHOUT_NATIVE_BF16 = """
+_WITHOUT_ONEDNN_BF16 = """
 import sys, torch
-from dflash_core.auto_dtype import probe_forward_costs
+from dflash_core.auto_dtype import describe_machine, machine_key, probe_forward_costs
 from dflash_core.autoregressive import generate_autoregressive
 from dflash_core.decoding import generate
 from dflash_core.loading import load_pair
-from dflash_core.prepacked_linear import prepack_linears, prepacking_available
-
-from dflash_core.auto_dtype import describe_machine, machine_key
 from dflash_core.packed_weights import bf16_matmuls_supported
+from dflash_core.prepacked_linear import prepack_linears, prepacking_available
 
 assert not prepacking_available("cpu", torch.bfloat16) and not bf16_matmuls_supported("cpu", torch.float32)
 assert "no-onednn-bf16" in machine_key()  # timings cached under full kernels are not read back here
@@ -138,6 +136,6 @@ def test_a_cpu_without_native_bf16_decodes_bf16_unpacked(tmp_path):
 
     target_dir, drafter_dir = save_tiny_pair(tmp_path)
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", _WITHOUT_NATIVE_BF16, str(target_dir), str(drafter_dir)], env=env,
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_ONEDNN_BF16, str(target_dir), str(drafter_dir)], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]

@@ -52,7 +52,8 @@ def fp16_packing_supported(device: torch.device | str, dtype: torch.dtype) -> bo
 @functools.lru_cache(maxsize=None)
 def bf16_matmuls_supported(device: torch.device | str, dtype: torch.dtype) -> bool:
     """True where bf16 copies can pay: an fp32 drafter on a CPU whose flags show bf16 in hardware (AMX-BF16 or
-    AVX512-BF16; elsewhere bf16 matmuls are emulated, several times slower than fp32). Cached per process."""
+    AVX512-BF16; elsewhere bf16 matmuls are emulated, several times slower than fp32) and whose oneDNN has bf16
+    kernels (not so when capped by ONEDNN_MAX_CPU_ISA). Cached per process."""
     from .auto_dtype import cpu_facts  # /proc/cpuinfo, read once per process
 
     if torch.device(device).type != "cpu" or dtype != torch.float32:

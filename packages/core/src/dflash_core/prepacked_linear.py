@@ -28,9 +28,9 @@ CHECK_ROWS = (1, 16)  # row counts of the exactness check (a one-token step and 
 
 
 def prepacking_available(device: torch.device | str, dtype: torch.dtype) -> bool:
-    """bf16 on a CPU whose oneDNN runs bf16 natively, with the packed-linear ops in this torch build (the
-    drafter's `bf16-prepacked` weight format asks the same). Without native bf16 (an AVX2-only CPU, or oneDNN
-    capped by ONEDNN_MAX_CPU_ISA) `_reorder_linear_weight` refuses bf16 weights with a RuntimeError."""
+    """bf16 on a CPU where oneDNN has bf16 kernels, with the packed-linear ops in this torch build (the drafter's
+    `bf16-prepacked` weight format asks the same). Elsewhere (an AVX2-only CPU, or oneDNN capped by
+    ONEDNN_MAX_CPU_ISA) `_reorder_linear_weight` refuses bf16 weights with a RuntimeError."""
     ops = torch.ops.mkldnn
     return (torch.device(device).type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
             and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")
