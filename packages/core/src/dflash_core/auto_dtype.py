@@ -193,10 +193,11 @@ def describe_machine(device: torch.device | str = "cpu") -> str:
     if device.type == "cuda":
         return f"CUDA device {torch.cuda.get_device_name(device)}"
     name, isa = cpu_facts()
-    if ("amx_bf16" in isa or "avx512_bf16" in isa) and not onednn_bf16_kernels():  # capped: ONEDNN_MAX_CPU_ISA
+    bf16_flags = [f for f in isa if f.endswith("bf16")]  # amx_bf16, avx512_bf16
+    if bf16_flags and not onednn_bf16_kernels():  # oneDNN capped below them (ONEDNN_MAX_CPU_ISA)
         return f"this CPU ({name}, but oneDNN has no bf16 kernels here: bf16 matmuls are emulated)"
-    if "amx_bf16" in isa or "avx512_bf16" in isa:
-        return f"this CPU ({name}, {', '.join(f for f in isa if f.endswith('bf16'))})"
+    if bf16_flags:
+        return f"this CPU ({name}, {', '.join(bf16_flags)})"
     if isa:
         return f"this CPU ({name}, {isa[0]} only: bf16 matmuls are emulated)"
     return f"this CPU ({name})"
