@@ -65,6 +65,10 @@ def test_stage_budget_prices_the_next_stage_at_the_last_ones_time():
     assert budget(stage, 0.0) and budget(stage, 60.0)  # the first stage, then one priced at 60 s: both fit
     assert not budget(replace(stage, name="late"), 120.0)  # priced past 100 s
     assert budget.summary(8) == {"minutes": 8, "continuations_run": 2, "first_skipped": "late"}
+    # the first continuation has no stage before it: priced at what the base run's steps took, not at nothing
+    priced = StageBudget(time.perf_counter(), usable_s=100.0, first_s=120.0)
+    assert not priced(stage, 0.0) and priced.first_skipped == "s"
+    assert StageBudget(time.perf_counter(), usable_s=100.0, first_s=50.0)(stage, 0.0)
 
 
 def test_gpu_train_script_out_of_budget_publishes_the_base_drafter(tmp_path):

@@ -14,7 +14,8 @@
 # override the defaults (the test runs it on the CPU, tiny).
 set -euo pipefail
 OUT="${1:?usage: tools/demo/gpu/train_smollm2.sh OUT_DIR}"
-PYTHON="${PYTHON:-python}"
+mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)"  # absolute: the script runs from the repo root
+PYTHON="${PYTHON:-python3}"
 ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
 export PYTHONPATH="$ROOT/packages/core/src:$ROOT/tools/demo/src${PYTHONPATH:+:$PYTHONPATH}"
 export DFLASH_CACHE_DIR="$OUT/cache"

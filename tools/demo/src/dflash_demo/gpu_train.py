@@ -38,13 +38,14 @@ from .prompts import code_prompts
 class StageBudget:
     """Asked before each continuation: does it fit, priced at the last one's time (`build_continuations`' go_on)?"""
 
-    def __init__(self, started: float, usable_s: float) -> None:
+    def __init__(self, started: float, usable_s: float, first_s: float = 0.0) -> None:
         self.started, self.usable_s = started, usable_s
+        self.first_s = first_s  # the price of the first continuation, which has no stage before it
         self.ran: list[str] = []
         self.first_skipped: str | None = None  # the chain ends at the first stage that does not fit
 
     def __call__(self, stage, last_s: float) -> bool:
-        if time.perf_counter() - self.started + last_s <= self.usable_s:
+        if time.perf_counter() - self.started + (last_s or self.first_s) <= self.usable_s:
             self.ran.append(stage.name)
             return True
         self.first_skipped = stage.name
@@ -104,7 +105,10 @@ def main(argv: list[str] | None = None) -> int:
                          eval_max_new_tokens=args.eval_tokens)
     stage("train_s", begun)
     begun = time.perf_counter()
-    budget = StageBudget(started, 60 * args.budget_min - args.tau_reserve_s)
+    # the first continuation priced at the base run's time per step (the base may have resumed: then nothing)
+    base_steps = json.loads((base / "train_state" / "state.json").read_text())["meta"]["step"]
+    first_s = times["train_s"] * recipe.continuations[0].steps / max(1, base_steps) if recipe.continuations else 0.0
+    budget = StageBudget(started, 60 * args.budget_min - args.tau_reserve_s, first_s)
     last = build_continuations(work, models, base, train_prompts, models / "heldout.jsonl", recipe,
                                device=args.device, data_batch=args.data_batch, eval_max_new_tokens=args.eval_tokens,
                                go_on=budget)

@@ -183,8 +183,8 @@ class Trainer:
             features = out.features
             # soft labels reuse this forward's final hidden states: the target's LM head over them
             teacher = out.hidden if self.train.soft_weight > 0 else None
+            self.timings["feature_tokens"] += int(batch.valid.sum())  # a host read: on a GPU, waits for the forward
             self.timings["target_s"] += time.perf_counter() - started
-            self.timings["feature_tokens"] += int(batch.valid.sum())
             if not self.autocast:
                 features = features.float()
                 teacher = teacher.float() if teacher is not None else None
