@@ -14,17 +14,16 @@
 # override the defaults (the test runs it on the CPU, tiny).
 set -euo pipefail
 OUT="${1:?usage: tools/demo/gpu/train_smollm2.sh OUT_DIR}"
-mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)"  # absolute: the script runs from the repo root
 PYTHON="${PYTHON:-python3}"
 ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
 export PYTHONPATH="$ROOT/packages/core/src:$ROOT/tools/demo/src${PYTHONPATH:+:$PYTHONPATH}"
-export DFLASH_CACHE_DIR="$OUT/cache"
 DEVICE="${DEVICE:-cuda}" TARGET="${TARGET:-$ROOT/models/smollm2/target}"
 HELDOUT="${HELDOUT:-$ROOT/models/smollm2/heldout.jsonl}" MASK_TOKEN="${MASK_TOKEN:-<empty_output>}"
 PROMPTS="${PROMPTS:-4000}" TOKENS="${TOKENS:-256}" DATA_BATCH="${DATA_BATCH:-128}" EPOCHS="${EPOCHS:-3}"
 EVAL_PROMPTS="${EVAL_PROMPTS:-16}" EVAL_TOKENS="${EVAL_TOKENS:-128}"
 [[ -f "$TARGET/config.json" ]] || { echo "no target at $TARGET: run \`make real-model\` (or set TARGET)" >&2; exit 2; }
-mkdir -p "$OUT"
+mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)"  # absolute: the script runs from the repo root
+export DFLASH_CACHE_DIR="$OUT/cache"
 cd "$ROOT"
 {
   "$PYTHON" -c "import torch, sys; d = sys.argv[1]; assert d == 'cpu' or torch.cuda.is_available(), 'no CUDA device'; \
