@@ -19,7 +19,6 @@ REPEATS="${REPEATS:-20}" PYTHON="${PYTHON:-python3}"
 ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
 export PYTHONPATH="$ROOT/packages/core/src:$ROOT/tools/bench/src:$ROOT/tools/demo/src${PYTHONPATH:+:$PYTHONPATH}"
 export DFLASH_CACHE_DIR="$OUT/cache"
-mkdir -p "$OUT"
 cd "$ROOT"
 failed=0
 attempt() { "$@" || { echo "failed (exit $?): ${*:3}"; failed=1; }; }

@@ -27,6 +27,5 @@ args=(--device "${DEVICE:-cuda}" --models "$ROOT/models/demo")
 [[ -n "${EVAL_PROMPTS:-}" ]] && args+=(--eval-prompts "$EVAL_PROMPTS")
 [[ -n "${EVAL_TOKENS:-}" ]] && args+=(--eval-tokens "$EVAL_TOKENS")
 [[ -n "${BUDGET_MIN:-}" ]] && args+=(--budget-min "$BUDGET_MIN")
-mkdir -p "$OUT"
 cd "$ROOT"
 "$PYTHON" -m dflash_demo.gpu_train "$OUT" "${args[@]}" 2>&1 | tee -a "$OUT/log.txt"
