@@ -48,3 +48,14 @@ def test_one_lease_script_runs_the_benchmark_then_the_recipe_and_bundles_both(tm
             "train/log.txt", "train/work/drafter/model.safetensors"} <= names
     assert not any("cache" in name or "train_state" in name or "/data" in name for name in names)
     assert (bundle / "results.tgz").stat().st_size < 16 * 2**20  # what a lease can bring back in one file
+
+
+def test_one_lease_script_refuses_a_budget_that_is_not_whole_minutes(tmp_path):
+    """BENCH_MIN=0 would hand `timeout` a 0, i.e. no limit: refused in one line before anything runs."""
+    for bad in ({"BENCH_MIN": "0"}, {"TOTAL_MIN": "2.5"}):
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHON": sys.executable} | bad
+        done = subprocess.run(["bash", str(ROOT / "tools/gpu/run_all.sh"), str(tmp_path / "work")], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and "expected whole minutes" in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "work").exists()
+

@@ -22,6 +22,8 @@ set -uo pipefail
 WORK="${1:?usage: tools/gpu/run_all.sh WORK_DIR [BUNDLE_DIR]}"
 BUNDLE="${2:-}"
 TOTAL_MIN="${TOTAL_MIN:-9}" BENCH_MIN="${BENCH_MIN:-4}"
+[[ "$TOTAL_MIN" =~ ^[1-9][0-9]*$ && "$BENCH_MIN" =~ ^[1-9][0-9]*$ ]] || {  # timeout 0 would mean no limit at all
+  echo "run_all.sh: TOTAL_MIN=$TOTAL_MIN BENCH_MIN=$BENCH_MIN: expected whole minutes, at least 1" >&2; exit 2; }
 export PROMPTS="${PROMPTS:-12}" TOKENS="${TOKENS:-128}"
 export PYTHON="${PYTHON:-python3}"
 export HF_HUB_OFFLINE=1  # the models are local; a lease's machine may reach no network at all
