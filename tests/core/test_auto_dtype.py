@@ -103,9 +103,9 @@ def _train_costs(fp32: float, bf16: float) -> dict:
 
 def test_training_choice_follows_the_training_sized_forward():
     assert choose_training_dtype(_train_costs(2.3, 1.6), machine="this CPU (X)") == (
-        "bf16", "bf16 for training: a 512-token forward takes 0.70x the fp32 time on this CPU (X)")
+        "bf16", "bf16 for batches: a 512-token forward takes 0.70x the fp32 time on this CPU (X)")
     assert choose_training_dtype(_train_costs(1.0, 3.5), machine="this CPU (X)") == (
-        "fp32", "fp32 for training: bf16 takes 3.50x the fp32 time over a 512-token forward on this CPU (X) "
+        "fp32", "fp32 for batches: bf16 takes 3.50x the fp32 time over a 512-token forward on this CPU (X) "
         "(needs <= 0.9x)")
     assert choose_training_dtype(_train_costs(1.0, 0.95))[0] == "fp32"  # faster, but not by the 10% margin
 
@@ -116,7 +116,7 @@ def test_training_is_its_own_question_with_its_own_cache_entry(tmp_path):
     decode, _ = resolve_auto_dtype(model, 16, device="cpu", probe=_probe(SLOW_BF16, calls), cache_dir=tmp_path)
     train, reason = resolve_auto_dtype(model, 16, device="cpu", probe=_probe(_train_costs(2.3, 1.6), calls),
                                        cache_dir=tmp_path, workload="train")
-    assert (decode, train) == (torch.float32, torch.bfloat16) and reason.startswith("bf16 for training:")
+    assert (decode, train) == (torch.float32, torch.bfloat16) and reason.startswith("bf16 for batches:")
     assert sorted(calls) == ["bf16"] * 3 + ["fp32"] * 3  # decode once; train twice (a bf16 verdict is confirmed)
     keys = sorted(json.loads((tmp_path / CACHE_FILE).read_text()))
     assert len(keys) == 2

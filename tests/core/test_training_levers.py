@@ -293,6 +293,34 @@ def test_grouped_blocks_equal_one_attention_over_all_blocks(group):
 # ---- precision: --dtype auto picks bf16 only where this machine runs it faster -----------------------
 
 
+@pytest.mark.parametrize("batch, probed", [(8, "train"), (2, "decode")])
+def test_data_in_batches_takes_the_batch_probes_precision(setup, tmp_path, capsys, monkeypatch, batch, probed):
+    """`dflash data --dtype auto` answers >= BATCHED_ROWS prompts together with the precision of the batch
+    ("train") probe and fewer with the decode probe's; the two verdicts are seeded opposite in the cache (the
+    wiring is under test, not the clock), so the precision named shows which probe was read."""
+    from dflash_core.auto_dtype import BATCHED_ROWS, resolve_auto_dtype
+    from dflash_core.loading import load_target
+
+    assert BATCHED_ROWS == 8
+    target, _ = setup
+    monkeypatch.setenv("DFLASH_CACHE_DIR", str(tmp_path / "cache"))
+    decode = {n: {"dtype": n, "one_token_s": 0.01, "block_s": 0.02} for n in ("fp32",)} | {
+        "bf16": {"dtype": "bf16", "one_token_s": 0.02, "block_s": 0.05}}  # decode: fp32
+    train = {"fp32": {"dtype": "fp32", "train_s": 1.0, "tokens": 512},
+             "bf16": {"dtype": "bf16", "train_s": 0.5, "tokens": 512}}  # batches: bf16
+    model = load_target(target, (), "fp32").model
+    for workload, costs in (("decode", decode), ("train", train)):
+        resolve_auto_dtype(model, 16, device="cpu", workload=workload,
+                           probe=lambda m, dtype, b, costs=costs: costs["fp32" if dtype == torch.float32 else "bf16"])
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"def f{i}(x):"}) + "\n" for i in range(batch)))
+    assert main(["data", "--target", str(target), "--prompts", str(prompts), "--out", str(tmp_path / "data"),
+                 "--max-new-tokens", "4", "--batch-size", str(batch), "--dtype", "auto", "--threads", "1"]) == 0
+    err = capsys.readouterr().err
+    want = r"^dtype bf16 for batches: .*\(cached\)$" if probed == "train" else r"^dtype fp32: bf16 is .*\(cached\)$"
+    assert re.search(want, err, re.M), err
+
+
 @pytest.mark.parametrize("bf16_faster", [False, True])
 def test_auto_dtype_sets_the_training_precision(setup, tmp_path, capsys, monkeypatch, bf16_faster):
     """The training probe's verdict (seeded in the cache here: this test is about the wiring, not the clock)
@@ -319,7 +347,7 @@ def test_auto_dtype_sets_the_training_precision(setup, tmp_path, capsys, monkeyp
                  "--no-progress", *args]) == 0
     err = capsys.readouterr().err
     chosen = "bf16" if bf16_faster else "fp32"
-    assert re.search(rf"^dtype {chosen} for training\b.*\(cached\)$", err, re.M), err
+    assert re.search(rf"^dtype {chosen} for batches\b.*\(cached\)$", err, re.M), err
     _, meta = load_training_state(out / "train_state")
     assert meta["train"]["bf16"] is bf16_faster
     # the same run resumed in the other precision (another machine) is continued, not refused

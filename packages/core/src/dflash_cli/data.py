@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from dflash_core.auto_dtype import BATCHED_ROWS
 from dflash_core.fileio import guard_output
 from dflash_core.loading import load_tokenizer
 from dflash_core.target_checks import read_target_config
@@ -26,7 +27,8 @@ def add_parser(commands) -> None:
     p.add_argument("--responses", choices=["greedy", "sampled", "both"], default="greedy")
     p.add_argument("--max-new-tokens", type=flags.integer(1), default=256)
     p.add_argument("--temperature", type=flags.number(0.0), default=1.0, help="temperature of sampled responses")
-    p.add_argument("--batch-size", type=flags.integer(1), default=32)
+    p.add_argument("--batch-size", type=flags.integer(1), default=32,
+                   help="prompts answered together (from 8 on, --dtype auto probes a batch's forward, not one token)")
     p.add_argument("--shard-size", type=flags.integer(1), default=256, help="samples per shard")
     p.add_argument("--seed", type=flags.seed, default=0)
     add_runtime_args(p, default_dtype="auto", allow_auto=True)
@@ -43,7 +45,9 @@ def run(args) -> int:
     guard_output(args.out, [args.target, args.prompts], force=args.force,
                  is_own_state=lambda out: (out / INDEX_FILE).is_file())
     load_or_start_index(args.out, settings)  # a corrupt index or other settings: refused before the target loads
-    target, _ = load_target_in(args.target, args.dtype, args.device)
+    # many sequences at once: their matmuls are a batch's, where bf16 hardware pays even if one token does not
+    workload = "train" if args.batch_size >= BATCHED_ROWS else "decode"
+    target, _ = load_target_in(args.target, args.dtype, args.device, workload=workload)
     tokenizer = load_tokenizer(args.target)
     index = generate_responses(target.model, tokenizer, prompts, args.out, settings, batch_size=args.batch_size)
     samples = sum(s["samples"] for s in index["shards"])

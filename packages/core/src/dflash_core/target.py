@@ -31,6 +31,10 @@ class TargetOutput:
     features: torch.Tensor  # [B, T, n*H] outputs of the target_layer_ids layers, concatenated
 
 
+class _EnoughLayers(Exception):
+    """Raised by `TargetModel.features`'s hook on its last wanted layer to end the forward there."""
+
+
 def cache_argument(model) -> str:
     """The name of `model.forward`'s KV-cache argument: `cache` in newer transformers, `past_key_values` before."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -153,6 +157,37 @@ class TargetModel:
         return TargetOutput(hidden=out.last_hidden_state, features=features)
 
     __call__ = forward
+
+    def features(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask=None) -> torch.Tensor:
+        """[B, T, n*H]: the selected layers' outputs alone, as `forward(...).features` (no cache), from a forward
+        stopped after the last of them: training with hard labels needs nothing above it (for the demo's
+        feature layer 3 of 6 a third of the target's layers, for SmolLM2's layer 15 of 30 about half)."""
+        if not self.layer_ids:
+            raise ValueError("features: the target has no target_layer_ids to capture")
+        captured: dict[int, torch.Tensor] = {}
+        last = max(self.layer_ids)
+
+        def hook_for(index: int):
+            def hook(module, args, output):
+                captured[index] = output[0] if isinstance(output, tuple) else output
+                if index == last:
+                    raise _EnoughLayers
+            return hook
+
+        handles = [self.base.layers[i].register_forward_hook(hook_for(i)) for i in self.layer_ids]
+        try:
+            with cpu_grouped_attention(self.base.config, self.device):
+                self.base(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                          **{self._cache_kwarg: None, "use_cache": False})
+        except _EnoughLayers:
+            pass
+        finally:
+            for handle in handles:
+                handle.remove()
+        if last not in captured:
+            raise CompatibilityError(f"target {type(self.model).__name__} never ran its layer {last}: expected "
+                                     "model.layers to be called in order by its forward.")
+        return torch.cat([captured[i] for i in self.layer_ids], dim=-1)
 
     # ---- masks for ragged batches ------------------------------------------------------------------
     def ragged_mask(self, key_positions: torch.Tensor, key_valid: torch.Tensor, query_positions: torch.Tensor):

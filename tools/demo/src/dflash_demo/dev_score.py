@@ -63,9 +63,9 @@ def dev_score(target: TargetModel, drafter_dir: Path, data: TokenDataset, *, aut
         batch = make_batch(data, range(start, min(start + BATCH, count)), anchors=ANCHORS,
                            block_size=drafter.config.block_size, max_length=1024, seed=SEED)
         positions = torch.arange(batch.tokens.shape[1]).expand_as(batch.tokens)
-        out = target(batch.tokens, positions, None, batch.valid.long())
+        features = target.features(batch.tokens, positions, batch.valid.long())
         with torch.autocast(target.device.type, dtype=torch.bfloat16, enabled=autocast_bf16):
-            hidden = block_hidden(drafter, target, out.features, batch)  # [B, N, Q, H]
+            hidden = block_hidden(drafter, target, features, batch)  # [B, N, Q, H]
             drafts = target.logits(hidden[:, :, 1:]).argmax(dim=-1)  # [B, N, Q-1]
         right = (drafts == batch.labels) & batch.label_valid
         committed.append(committed_per_anchor(right, batch).flatten())

@@ -179,10 +179,12 @@ class Trainer:
             started = time.perf_counter()
             with torch.no_grad():  # target features are recomputed, not stored (see docs/training.md)
                 positions = torch.arange(batch.tokens.shape[1], device=batch.tokens.device).expand_as(batch.tokens)
-                out = self.target(batch.tokens, positions, None, batch.valid.long())
-            features = out.features
-            # soft labels reuse this forward's final hidden states: the target's LM head over them
-            teacher = out.hidden if self.train.soft_weight > 0 else None
+                if self.train.soft_weight > 0:  # soft labels reuse this forward's final hidden states
+                    out = self.target(batch.tokens, positions, None, batch.valid.long())
+                    features, teacher = out.features, out.hidden
+                else:  # hard labels: the target's layers above the last feature layer are not run
+                    features = self.target.features(batch.tokens, positions, batch.valid.long())
+                    teacher = None
             self.timings["feature_tokens"] += int(batch.valid.sum())  # a host read: on a GPU, waits for the forward
             self.timings["target_s"] += time.perf_counter() - started
             if not self.autocast:
