@@ -135,13 +135,7 @@ class TargetModel:
         None (plain causal over the cache), a 2D padding mask, or a prepared 4D/dict mask.
         """
         captured: dict[int, torch.Tensor] = {}
-
-        def hook_for(index: int):
-            def hook(module, args, output):
-                captured[index] = output[0] if isinstance(output, tuple) else output
-            return hook
-
-        handles = [self.base.layers[i].register_forward_hook(hook_for(i)) for i in self.layer_ids]
+        handles = self._capture_layers(captured)
         try:
             kwargs = {self._cache_kwarg: cache, "use_cache": cache is not None}
             with cpu_grouped_attention(self.base.config, self.device):  # no K/V copy per query group
@@ -166,15 +160,7 @@ class TargetModel:
             raise ValueError("features: the target has no target_layer_ids to capture")
         captured: dict[int, torch.Tensor] = {}
         last = max(self.layer_ids)
-
-        def hook_for(index: int):
-            def hook(module, args, output):
-                captured[index] = output[0] if isinstance(output, tuple) else output
-                if index == last:
-                    raise _EnoughLayers
-            return hook
-
-        handles = [self.base.layers[i].register_forward_hook(hook_for(i)) for i in self.layer_ids]
+        handles = self._capture_layers(captured, stop_after=last)
         try:
             with cpu_grouped_attention(self.base.config, self.device):
                 self.base(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
@@ -188,6 +174,18 @@ class TargetModel:
             raise CompatibilityError(f"target {type(self.model).__name__} never ran its layer {last}: expected "
                                      "model.layers to be called in order by its forward.")
         return torch.cat([captured[i] for i in self.layer_ids], dim=-1)
+
+    def _capture_layers(self, captured: dict, stop_after: int | None = None) -> list:
+        """Hooks that put each `layer_ids` layer's output into `captured` (the caller removes the returned
+        handles); `stop_after`: the layer whose hook then ends the forward by raising `_EnoughLayers`."""
+        def hook_for(index: int):
+            def hook(module, args, output):
+                captured[index] = output[0] if isinstance(output, tuple) else output
+                if index == stop_after:
+                    raise _EnoughLayers
+            return hook
+
+        return [self.base.layers[i].register_forward_hook(hook_for(i)) for i in self.layer_ids]
 
     # ---- masks for ragged batches ------------------------------------------------------------------
     def ragged_mask(self, key_positions: torch.Tensor, key_valid: torch.Tensor, query_positions: torch.Tensor):
