@@ -43,7 +43,8 @@ def test_file_round_trip_and_bad_files_are_one_line(tmp_path):
     bad = {"[1, 2]": "holds a JSON array, expected an object", '{"token_ids": []}': "non-empty list of integers",
            '{"token_ids": [1, true]}': "non-empty list of integers", '{"token_ids": [4, 4]}': "repeats an id",
            '{"token_ids": [1, 10]}': r"token id 10 is outside the target's vocabulary \[0, 10\)",
-           "{": "is not valid JSON"}
+           "{": "is not valid JSON",
+           '{"token_ids": [1], "sampled_over_list": "yes"}': "'sampled_over_list' is 'yes', expected true or false"}
     for text, message in bad.items():
         path.write_text(text)
         with pytest.raises(CheckpointError, match=message) as info:
@@ -144,6 +145,11 @@ def test_save_pretrained_keeps_the_list_and_drops_a_stale_one(tmp_path):
     assert load_drafter(tmp_path / "a").draft_vocab == [3, 9, 40]
     load_drafter(tmp_path / "a").save_pretrained(tmp_path / "b")  # loaded and saved again: the list travels
     assert load_drafter(tmp_path / "b").draft_vocab == [3, 9, 40]
+    assert not load_drafter(tmp_path / "a").sample_over_list  # absent from the file: sampled over all ids
+    drafter.sample_over_list = True  # a drafter trained over its list: sampled drafts stay on it, after a reload too
+    drafter.save_pretrained(tmp_path / "c")
+    load_drafter(tmp_path / "c").save_pretrained(tmp_path / "d")
+    assert load_drafter(tmp_path / "d").sample_over_list and load_drafter(tmp_path / "d").draft_vocab == [3, 9, 40]
     drafter.draft_vocab = None
     drafter.save_pretrained(tmp_path / "b")  # over a directory holding another drafter's list
     assert not (tmp_path / "b" / DRAFT_VOCAB_FILE).exists() and load_drafter(tmp_path / "b").draft_vocab is None

@@ -5,6 +5,8 @@ mixed labels, at T = 1 and T = 2, any chunk size, in fp32 and under bf16 autocas
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,8 +15,8 @@ from tiny import drafter_config, tiny_drafter, tiny_target
 from dflash_core import TargetModel
 from dflash_core.training.batches import Batch
 from dflash_core.training.head_loss import head_loss
-from dflash_core.training.objective import (TrainingObjective, block_hidden, block_loss, soft_label_kl,
-                                            teacher_hidden_at_labels)
+from dflash_core.training.objective import (TrainingObjective, block_hidden, block_loss, labels_over_list,
+                                            soft_label_kl, teacher_hidden_at_labels)
 
 V, H, P = 48, 16, 40
 
@@ -151,3 +153,60 @@ def test_a_head_the_fused_loss_cannot_stand_in_for_keeps_the_unfused_path():
         assert loss.item() == pytest.approx(block_loss(logits, batch, 2.0)[0].item(), rel=1e-6)
         unbiased = logits - head.bias
         assert abs(block_loss(unbiased, batch, 2.0)[0].item() - loss.item()) > 1e-3  # the bias counted
+
+
+def test_the_loss_over_a_read_out_list_equals_a_hand_computed_value():
+    """Vocabulary 4, list [1, 3]: the softmax runs over those two logits only; a label outside the list leaves
+    the loss (the decoder can never draft it) and ends the run of right drafts."""
+    logits = torch.log(torch.tensor([[[[0.1, 0.2, 0.3, 0.4], [0.4, 0.3, 0.2, 0.1]]]]))  # [1, 1, 2, 4]
+    batch = Batch(torch.zeros(1, 4, dtype=torch.long), torch.ones(1, 4, dtype=torch.bool),
+                  torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1, dtype=torch.bool),
+                  labels=torch.tensor([[[3, 2]]]), label_valid=torch.ones(1, 1, 2, dtype=torch.bool))
+    position = torch.tensor([-1, 0, -1, 1])  # id 1 -> 0, id 3 -> 1
+    listed = labels_over_list(batch, position)
+    assert listed.labels.tolist() == [[[1, 0]]] and listed.label_valid.tolist() == [[[True, False]]]
+    loss, stats = block_loss(logits[..., [1, 3]], listed, gamma=1.0)
+    # label 3 over {1: 0.2, 3: 0.4}: -ln(0.4 / 0.6) = ln 1.5; label 2 is outside the list: no term
+    assert loss.item() == pytest.approx(math.log(1.5), abs=1e-6)
+    assert stats["acc1"] == 1.0  # 3 is the argmax over the list (over all four ids too)
+
+
+@pytest.mark.parametrize("distill_weight", [0.0, 0.5])
+def test_the_objective_over_a_read_out_list_is_the_unfused_loss_over_those_rows(distill_weight):
+    """`TrainingObjective(loss_ids=...)`, fused, equals the unfused loss over the listed logits with the labels
+    mapped by hand (labels outside the list dropped), with the same drafter gradients; a list cuts the loss."""
+    model = tiny_target(vocab=32, layers=4, seed=3)
+    model.requires_grad_(False)
+    drafter = tiny_drafter(drafter_config(model, layers=1, block_size=6, layer_ids=(2,)), seed=3)
+    target = TargetModel(model, drafter.config.target_layer_ids)
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 30, (2, 40), generator=g)
+    valid = torch.ones_like(tokens, dtype=torch.bool)
+    anchors = torch.tensor([[5, 6, 20, 30], [0, 12, 13, 30]])
+    target_pos = anchors[:, :, None] + torch.arange(1, 6)
+    labels = tokens.gather(1, target_pos.flatten(1)).view_as(target_pos)
+    batch = Batch(tokens, valid, anchors, torch.ones_like(anchors, dtype=torch.bool), labels,
+                  torch.ones_like(labels, dtype=torch.bool))
+    ids = sorted(set(labels.flatten().tolist()))[::2]  # every other label id: many labels fall outside
+    with torch.no_grad():
+        out = target(tokens, torch.arange(40).expand(2, -1), None, valid.long())
+    objective = TrainingObjective(drafter, target, gamma=3.0, soft_weight=distill_weight, loss_ids=ids)
+    loss, stats = objective(out.features, batch, out.hidden)
+    loss.backward()
+    fused_grads = [p.grad.clone() for p in drafter.parameters()]
+    drafter.zero_grad(set_to_none=True)
+
+    by_hand = torch.tensor([[[ids.index(t) if t in ids else 0 for t in row] for row in seq] for seq in labels.tolist()])
+    inside = torch.tensor([[[t in ids for t in row] for row in seq] for seq in labels.tolist()])
+    assert 0 < int(inside.sum()) < inside.numel()
+    mapped = Batch(tokens, valid, anchors, batch.anchor_valid, by_hand, inside)
+    logits = target.logits(block_hidden(drafter, target, out.features, batch)[:, :, 1:])[..., ids]
+    teacher = target.logits(teacher_hidden_at_labels(out.hidden, batch))[..., ids]
+    ref_loss, ref_stats = block_loss(logits, mapped, 3.0, soft_label_kl(logits, teacher, 1.0), distill_weight)
+    ref_loss.backward()
+    assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-5) and stats == pytest.approx(ref_stats)
+    for got, ref in zip(fused_grads, (p.grad for p in drafter.parameters())):
+        assert (got - ref).abs().max().item() <= 1e-5 * max(1.0, ref.abs().max().item())
+    whole, _ = TrainingObjective(drafter, target, gamma=3.0, soft_weight=distill_weight)(out.features, batch,
+                                                                                         out.hidden)
+    assert abs(whole.item() - loss.item()) > 1e-3  # the list changes the loss: the test sees which one ran

@@ -256,3 +256,22 @@ def test_sampling_drafts_over_the_whole_vocabulary_despite_a_read_out_list(pair)
         drafter.draft_vocab = None
         del drafter.propose
     assert proposed and set(torch.cat([p.flatten() for p in proposed]).tolist()) <= {0, 2}
+
+
+def test_a_drafter_trained_over_its_list_samples_drafts_from_the_list_and_keeps_the_target_distribution(pair):
+    """`sample_over_list` (`dflash train --loss-vocab list`): q is cut to the list, so every draft comes from it,
+    and the committed samples still follow the target (tokens outside the list come from the residual)."""
+    model, drafter = pair
+    proposed = []
+    original = drafter.propose
+    drafter.propose = lambda *args: proposed.append(original(*args)) or proposed[-1]
+    drafter.draft_vocab, drafter.sample_over_list = [0, 2], True
+    try:
+        counts, result = speculative_samples(model, drafter, 1.0, 0, 1.0, seed=12)
+    finally:
+        drafter.draft_vocab, drafter.sample_over_list = None, False
+        del drafter.propose
+    assert result.tau > 1.05, "drafts must really be accepted for this test to mean anything"
+    assert proposed and set(torch.cat([p.flatten() for p in proposed]).tolist()) <= {0, 2}
+    assert chi_square_p(counts, exact_joint(model, 1.0, 0, 1.0), SAMPLES) > ALPHA
+    assert {t for seq in counts for t in seq} - {0, 2}, "the samples must reach beyond the list"

@@ -172,6 +172,7 @@ LEVERS = {
                      "feature_layers", (0, 1, 2, 3, 4, 5)),
     "init": (["--init-from-target", "--layers", "2"], {"init_from_target": True}, ["--layers", "2"],
              "init_from_target", (1, 3)),
+    "loss-over-list": (["--loss-vocab", "list"], {"loss_vocab": "list"}, ["--loss-vocab", "full"], "loss_vocab", (3,)),
 }
 
 
@@ -201,6 +202,8 @@ def test_lever_round_trips_and_decodes_losslessly(setup, tmp_path, capsys, lever
     want = model.generate(ids_in, attention_mask=torch.ones_like(ids_in), max_new_tokens=20, do_sample=False,
                           pad_token_id=0)[0, ids_in.shape[1]:].tolist()
     assert generate(model, drafter, ids_in, max_new_tokens=20).tokens[0] == want
+    # sampled drafts stay on the read-out list exactly when the loss ran over it (draft_vocab.json says so)
+    assert drafter.sample_over_list == (lever == "loss-over-list") and drafter.draft_vocab
     if lever == "init":  # two small steps from the target's last two layers, not from random weights
         for draft_layer, index in zip(drafter.layers, (4, 5)):
             source = model.model.layers[index].mlp.down_proj.weight
@@ -239,6 +242,32 @@ def test_init_from_continues_a_trained_drafter_and_refuses_another_shape(setup, 
     assert not (tmp_path / "bad").exists()
 
 
+def test_several_data_directories_train_as_one_joined_set(setup, tmp_path, capsys):
+    """`--data A --data B`: the samples of both, in order (the read-out list counts both), and the run's data
+    fingerprint covers both: resuming with A alone is refused, naming the data."""
+    from dflash_core.training.trainer import data_fingerprint, load_data
+
+    target, data = setup
+    second = tmp_path / "second"
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"def f{i}(x):\n    return x * {i}"}) + "\n" for i in range(6)))
+    assert main(["data", "--target", str(target), "--prompts", str(prompts), "--out", str(second),
+                 "--max-new-tokens", "12", "--batch-size", "3", "--shard-size", "4", *FAST]) == 0
+    first, other, both = TokenDataset(data), TokenDataset(second), load_data([data, second])
+    assert len(both) == len(first) + len(other) == len(first) + 6
+    assert all((a.tokens == b.tokens).all() and a.prompt_length == b.prompt_length
+               for a, b in zip(both.samples, first.samples + other.samples, strict=True))
+    assert data_fingerprint(both) not in (data_fingerprint(first), data_fingerprint(other))
+    out = tmp_path / "drafter"
+    assert _train(target, data, out, "--data", str(second)) == 0
+    _, meta = load_training_state(out / "train_state")
+    assert meta["data"] == data_fingerprint(both)
+    source = json.loads((out / "draft_vocab.json").read_text())["source"]
+    assert str(data) in source and str(second) in source
+    assert _train(target, data, out, "--max-steps", "3") == 2
+    assert re.search(r"differs in [a-z_, ]*\bdata\b", capsys.readouterr().err)
+
+
 @pytest.mark.parametrize("extra,pattern", [
     (["--distill", "kl"], r"--distill: got 'kl', expected one of hard, soft, mix"),
     (["--distill-weight", "1.5"], r"--distill-weight: got '1.5', expected a finite number >= 0 and <= 1"),
@@ -246,6 +275,8 @@ def test_init_from_continues_a_trained_drafter_and_refuses_another_shape(setup, 
     (["--feature-layers", "0"], r"--feature-layers: got '0', expected an integer >= 1"),
     (["--feature-layers", "2", "--target-layer-ids", "1,2"], r"--target-layer-ids: not allowed with argument"),
     (["--feature-layers", "5"], r"feature_layers is 5 but the reference spacing .* holds only 3 distinct layers"),
+    (["--loss-vocab", "vocab"], r"--loss-vocab: got 'vocab', expected one of full, list"),
+    (["--loss-vocab", "list", "--no-draft-vocab"], r"--loss-vocab list needs the read-out list that --no-draft-vocab"),
 ])
 def test_bad_lever_settings(setup, tmp_path, capsys, extra, pattern):
     target, data = setup

@@ -15,7 +15,7 @@ from dflash_core.errors import ConfigError
 from dflash_core.fileio import guard_output
 from dflash_core.loading import load_tokenizer
 from dflash_core.training.data import read_prompts
-from dflash_core.training.recipe import DISTILL_MODES, TrainConfig
+from dflash_core.training.recipe import DISTILL_MODES, LOSS_VOCABS, TrainConfig
 
 from . import flags
 from .common import add_runtime_args, apply_threads, load_target_in
@@ -24,7 +24,8 @@ from .common import add_runtime_args, apply_threads, load_target_in
 def add_parser(commands) -> None:
     p = commands.add_parser("train", help="train a DFlash drafter (torchrun for several processes)")
     p.add_argument("--target", required=True, help="Hugging Face target model directory (with tokenizer)")
-    p.add_argument("--data", required=True, help="data directory made by `dflash data`")
+    p.add_argument("--data", required=True, action="append",
+                   help="data directory made by `dflash data`; repeat it to train on several, joined in order")
     p.add_argument("--out", required=True, type=Path, help="drafter output (published format); resumes if present")
     p.add_argument("--force", action="store_true",
                    help="write into an --out that holds other files (a drafter there is replaced)")
@@ -86,6 +87,10 @@ def add_parser(commands) -> None:
                             f"cover this share of them; drafts are read out over those only (default {DEFAULT_COVERAGE})")
     vocab.add_argument("--no-draft-vocab", action="store_true",
                        help="no draft_vocab.json: drafts are read out over the whole vocabulary")
+    p.add_argument("--loss-vocab", type=flags.one_of(LOSS_VOCABS), default=d.loss_vocab,
+                   help="the loss's softmax over the whole vocabulary (full) or over the read-out list only (list: "
+                        "what greedy drafts are read out over; far cheaper steps for a large vocabulary; sampled "
+                        "drafts then stay on the list too)")
     p.add_argument("--no-progress", action="store_true")
     add_runtime_args(p, default_dtype="auto", allow_auto=True)
     p.set_defaults(run=run)
@@ -111,9 +116,12 @@ def run(args) -> int:
         seed=args.seed, distill=args.distill, distill_weight=args.distill_weight,
         distill_temperature=args.distill_temperature, feature_layers=args.feature_layers,
         init_from_target=args.init_from_target, init_from=args.init_from, grow_from=args.grow_from,
-        mask_token=args.mask_token)
+        mask_token=args.mask_token, loss_vocab=args.loss_vocab)
+    if args.loss_vocab == "list" and args.no_draft_vocab:
+        raise ConfigError("--loss-vocab list needs the read-out list that --no-draft-vocab turns off: expected one "
+                          "or the other.")
     eval_prompts = read_prompts(args.eval_prompts)[: args.eval_count] if args.eval_prompts else []
-    inputs = [args.target, args.data] + [p for p in (args.eval_prompts, args.init_from, args.grow_from) if p]
+    inputs = [args.target, *args.data] + [p for p in (args.eval_prompts, args.init_from, args.grow_from) if p]
     # resumable state is OUT/train_state; a published drafter without it is someone's work, kept unless --force
     guard_output(args.out, inputs, force=args.force, is_own_state=lambda out: (out / STATE_DIR).is_dir())
     place = init_distributed(args.device)

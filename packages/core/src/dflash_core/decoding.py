@@ -33,7 +33,7 @@ from .context_lookup import NgramIndex, free_drafting
 from .draft_length import DraftLengthPolicy, cost_table_for, history_for
 from .draft_sampling import DraftSampler, speculative_accept
 from .draft_confidence import ConfidentReadOut, confident_read_out
-from .draft_vocab import draft_head_for, read_out_for
+from .draft_vocab import read_out_for, sampling_head_for
 from .drafter_backend import DrafterBackend
 from .errors import GenerationError
 from .pairing import check_compatibility
@@ -228,7 +228,7 @@ class _Decoder:
         self.no_drafts = torch.zeros((batch, 0), dtype=torch.long, device=self.device)
         # hidden -> draft tokens: the argmax over the drafter's read-out list (if any) when greedy; when
         # sampling, draws from q over the whole vocabulary (held-out tau at T=1, demo pair: 1.36 over all
-        # 8,192 ids, 1.31 over the 1,920 listed)
+        # 8,192 ids, 1.31 over the 1,920 listed), or over the list for a drafter trained over it only
         if drafter is None:
             self.read_out = None
         elif params.greedy and trim:  # the same drafts, with the drafter's confidence in each (`_trim`)
@@ -236,7 +236,7 @@ class _Decoder:
         elif params.greedy:
             self.read_out = read_out_for(drafter, target)
         else:
-            self.read_out = DraftSampler(draft_head_for(drafter, target), params, generator)
+            self.read_out = DraftSampler(sampling_head_for(drafter, target), params, generator)
         # features [B, n, F], positions [B, n] and per-row counts of the tokens that steps without a
         # drafter pass committed (plain steps, lookup steps), injected into the drafter's context only
         # before its next draft: one projection for many steps, none if the drafter never drafts again

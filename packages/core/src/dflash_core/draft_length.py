@@ -57,7 +57,7 @@ import torch
 from transformers import DynamicCache
 
 from .draft_sampling import DraftSampler, speculative_accept
-from .draft_vocab import draft_head_for, read_out_for
+from .draft_vocab import read_out_for, sampling_head_for
 from .profiling import sync_device
 from .sampling import SamplingParams, choose_tokens, warp_logits
 from .target import TargetModel
@@ -162,7 +162,7 @@ class _StepTimer:
         if self.sampling is None:
             self.read_out = read_out_for(drafter, self.target)
         else:  # drafts drawn from q over the whole vocabulary, kept by rejection against p
-            self.read_out = DraftSampler(draft_head_for(drafter, self.target), self.sampling, self.generator)
+            self.read_out = DraftSampler(sampling_head_for(drafter, self.target), self.sampling, self.generator)
             hidden = self.target(self.ids[:, context:], self.positions[:, context:], self.cache).hidden
             self.target_probs = warp_logits(self.target.logits(hidden), self.sampling).softmax(dim=-1)  # [1, B, V]
             truncate_cache(self.cache, context)

@@ -16,7 +16,8 @@ the test divides by. After k kept drafts the target's own next token is a plain 
 The drafter's logits are warped like the target's (temperature, top-k, top-p): any q keeps the
 output exact; a q shaped like the warped p is the one that is accepted most. q spans the whole
 vocabulary even for a drafter with a read-out list (`draft_vocab`): the list holds what the target
-writes greedily, and a q cut to it would never propose the rarer tokens a sample takes.
+writes greedily, and a q cut to it would never propose the rarer tokens a sample takes; except for a
+drafter trained over its list only, whose other logits were never trained (`sampling_head_for`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from .sampling import SamplingParams, warp_logits
 
 class DraftSampler:
     """A read-out (drafter hidden [B, k, H] -> draft tokens [B, k]) that samples each draft from q, the
-    warped distribution of the target's LM head over the whole vocabulary, and keeps q for `take`."""
+    warped distribution of `lm_head`'s logits [B, k, V] (`draft_vocab.sampling_head_for`), and keeps q for `take`."""
 
     def __init__(self, lm_head: Callable[[torch.Tensor], torch.Tensor], params: SamplingParams,
                  generator: torch.Generator | None) -> None:

@@ -11,10 +11,14 @@ Losslessness is untouched: a draft is still one deterministic token per position
 verifies; a token outside the list is simply never proposed (the target writes it at that step).
 Drafters without the file (the published ones) read out over the whole vocabulary, and so does every
 sampling request (temperature > 0, `draft_sampling`): the list holds what the target writes greedily,
-and drafts sampled from a q cut to it would never propose the rarer tokens a sample takes.
+and drafts sampled from a q cut to it would never propose the rarer tokens a sample takes. The exception
+is a drafter whose training loss ran over the list only (`dflash train --loss-vocab list`): its logits
+outside the list were never trained, so its sampled q is cut to the list too (`sampling_head_for`; any q
+keeps sampling exact, `draft_sampling`).
 
-File: {"token_ids": [...], "coverage": c, "source": "..."}; ids unique, in [0, vocab), sorted; coverage
-(the share of the training responses covered) is absent when unknown.
+File: {"token_ids": [...], "coverage": c, "source": "...", "sampled_over_list": true}; ids unique, in
+[0, vocab), sorted; coverage (the share of the training responses covered) is absent when unknown;
+sampled_over_list (absent: false) is set by a training run whose loss ran over the list.
 """
 
 from __future__ import annotations
@@ -64,23 +68,34 @@ def choose_draft_vocab(counts: np.ndarray, coverage: float = DEFAULT_COVERAGE) -
     return ids, float(cumulative[size - 1]) / total
 
 
-def save_draft_vocab(directory: str | os.PathLike, ids: list[int], coverage: float | None, source: str) -> Path:
+def save_draft_vocab(directory: str | os.PathLike, ids: list[int], coverage: float | None, source: str,
+                     sampled_over_list: bool = False) -> Path:
     """Write `draft_vocab.json` atomically; `coverage` None (unknown, e.g. a loaded list saved again) is left out."""
     path = Path(directory) / DRAFT_VOCAB_FILE
     data = {"token_ids": sorted(ids), "source": source}
     if coverage is not None:
         data["coverage"] = round(coverage, 6)
+    if sampled_over_list:
+        data["sampled_over_list"] = True
     write_json(path, data)
     return path
 
 
 def load_draft_vocab(directory: str | os.PathLike, vocab_size: int | None = None) -> list[int] | None:
     """The ids of a drafter directory's `draft_vocab.json`, or None when it has none (whole vocabulary)."""
+    return read_draft_vocab(directory, vocab_size)[0]
+
+
+def read_draft_vocab(directory: str | os.PathLike, vocab_size: int | None = None) -> tuple[list[int] | None, bool]:
+    """(the ids of a drafter directory's `draft_vocab.json` or None, whether sampled drafts use the list too)."""
     path = Path(directory) / DRAFT_VOCAB_FILE
     if not path.is_file():
-        return None
+        return None, False
     expected = 'an object {"token_ids": [unique ids in the target vocabulary], ...}'
     data = read_json_object(path, CheckpointError, expected)
+    sampled = data.get("sampled_over_list", False)
+    if not isinstance(sampled, bool):
+        raise CheckpointError(f"{path}: 'sampled_over_list' is {sampled!r}, expected true or false.")
     ids = data.get("token_ids")
     if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise CheckpointError(f"{path}: 'token_ids' must be a non-empty list of integers, expected {expected}.")
@@ -90,7 +105,7 @@ def load_draft_vocab(directory: str | os.PathLike, vocab_size: int | None = None
     if bad:
         limit = "" if vocab_size is None else f" [0, {vocab_size})"
         raise CheckpointError(f"{path}: token id {bad[0]} is outside the target's vocabulary{limit}.")
-    return sorted(ids)
+    return sorted(ids), sampled
 
 
 def full_read_out(lm_head: Callable[[torch.Tensor], torch.Tensor]) -> ReadOut:
@@ -132,6 +147,23 @@ def draft_head_for(drafter, target) -> Callable[[torch.Tensor], torch.Tensor]:
     if cached is None or cached[0] != key:
         cached = kept[weight_format] = (key, DECODE_LINEARS[weight_format](head.weight, head.bias))
     return cached[1]
+
+
+def sampling_head_for(drafter, target) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The logits sampled drafts draw from ([B, k, H] -> [B, k, V]): `draft_head_for`'s over the whole
+    vocabulary, or for a drafter trained over its read-out list (`sample_over_list`) the listed rows only,
+    -inf elsewhere (so q is zero outside the list and its drafts never leave it)."""
+    if getattr(drafter, "draft_vocab", None) is None or not getattr(drafter, "sample_over_list", False):
+        return draft_head_for(drafter, target)
+    subset = read_out_for(drafter, target)
+    vocab = target.model.lm_head.weight.shape[0]
+
+    def listed_logits(hidden: torch.Tensor) -> torch.Tensor:
+        listed = subset.logits(hidden).float()  # [B, k, N]
+        full = listed.new_full((*listed.shape[:-1], vocab), float("-inf"))
+        return full.index_copy_(-1, subset.ids, listed)
+
+    return listed_logits
 
 
 def _decoding_format(drafter) -> str:

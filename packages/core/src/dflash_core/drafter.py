@@ -16,7 +16,7 @@ from . import graph
 from .checkpoint import check_drafter_tensors, load_tensors, save_tensors
 from .config import DFlashConfig
 from .draft_cache import DraftKVCache
-from .draft_vocab import DRAFT_VOCAB_FILE, ReadOut, load_draft_vocab, save_draft_vocab
+from .draft_vocab import DRAFT_VOCAB_FILE, ReadOut, read_draft_vocab, save_draft_vocab
 from .dtypes import config_name, resolve_dtype
 from .errors import CheckpointError, CompatibilityError
 from .masks import block_attention_mask, window_mask
@@ -92,6 +92,7 @@ class Drafter(nn.Module):
         # back and forth (`dflash bench`'s dflash_plain_weights) copies and re-measures nothing
         self._copies: dict[str, tuple[graph.DrafterWeights, graph.DrafterWeights]] = {}
         self.draft_vocab: list[int] | None = None  # ids drafts are read out over (`draft_vocab`); None: all
+        self.sample_over_list = False  # sampled drafts too (a drafter trained over its list: `sampling_head_for`)
         self._rope_rows: tuple[torch.Tensor, torch.Tensor] | None = None  # decoding's cos/sin table (`rope_rows`)
 
     # ---- weights -----------------------------------------------------------------------------
@@ -310,7 +311,8 @@ class Drafter(nn.Module):
         save_tensors(path, tensors, max_shard_bytes=max_shard_bytes)
         self.config.replace(dtype=name).save_pretrained(path)
         if self.draft_vocab is not None:
-            save_draft_vocab(path, self.draft_vocab, coverage=None, source="saved with the drafter")
+            save_draft_vocab(path, self.draft_vocab, coverage=None, source="saved with the drafter",
+                             sampled_over_list=self.sample_over_list)
         else:  # a list from another drafter would read this one out over the wrong tokens
             (path / DRAFT_VOCAB_FILE).unlink(missing_ok=True)
 
@@ -340,7 +342,7 @@ def load_drafter(path: str | os.PathLike, device: torch.device | str = "cpu",
     drafter = drafter.to_empty(device=device).to(dtype)
     drafter._inv_freq = rope_frequencies(config)[0]
     drafter.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=True)
-    drafter.draft_vocab = load_draft_vocab(path, config.vocab_size)
+    drafter.draft_vocab, drafter.sample_over_list = read_draft_vocab(path, config.vocab_size)
     return drafter.eval().requires_grad_(False)
 
 

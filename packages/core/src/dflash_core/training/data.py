@@ -11,6 +11,7 @@ recomputes them (see docs/training.md for the measured trade-off).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -231,7 +232,7 @@ class TokenDataset:
             raise DataError(f"{self.path} is not a data set: {INDEX_FILE} is missing (make one with `dflash data`).")
         self.index = read_index(index_path)
         self.samples: list[Sample] = []
-        self.largest_token: dict[str, int] = {}  # shard file -> its largest token id
+        self.largest_token: dict[Path, int] = {}  # shard file -> its largest token id
         for shard in self.index.get("shards", []):
             self.samples.extend(self._read_shard(shard, verify))
         if not self.samples:
@@ -251,15 +252,26 @@ class TokenDataset:
         problem = _shard_problem(tokens, offsets, prompt_lengths, shard["samples"])
         if problem:
             raise DataError(f"data shard {file} is corrupt ({problem}).")
-        self.largest_token[shard["file"]] = int(tokens.max()) if len(tokens) else -1
+        self.largest_token[file] = int(tokens.max()) if len(tokens) else -1
         return [Sample(tokens[offsets[i] : offsets[i + 1]], int(prompt_lengths[i])) for i in range(shard["samples"])]
 
     def check_vocabulary(self, vocab_size: int) -> None:
         """Every token id is a row of the target's embedding (a shard from another target would index past it)."""
         for file, largest in self.largest_token.items():
             if largest >= vocab_size:
-                raise DataError(f"data shard {self.path / file} holds token id {largest}, beyond the target's "
+                raise DataError(f"data shard {file} holds token id {largest}, beyond the target's "
                                 f"vocabulary [0, {vocab_size}): expected data made by `dflash data` with this target.")
+
+    @classmethod
+    def joined(cls, parts: list[TokenDataset]) -> TokenDataset:
+        """One data set of several directories' samples, in the order given (e.g. a first set and a later, fresh
+        one); its index lists every part's shards, so a run's data fingerprint covers all of them."""
+        joined = copy.copy(parts[0])
+        joined.path = Path(" + ".join(str(part.path) for part in parts))  # for messages only: several directories
+        joined.index = {**parts[0].index, "shards": [shard for part in parts for shard in part.index["shards"]]}
+        joined.samples = [sample for part in parts for sample in part.samples]
+        joined.largest_token = {file: top for part in parts for file, top in part.largest_token.items()}
+        return joined
 
     def __len__(self) -> int:
         return len(self.samples)

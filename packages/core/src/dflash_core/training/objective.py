@@ -14,9 +14,16 @@ position-weighted mean of T^2 * KL(p_target || p_drafter), both distributions at
 
 With a plain, frozen LM head (a bias-free nn.Linear, as most Hugging Face causal LMs have) the head and loss run fused,
 chunk by chunk (`head_loss`): the same loss and gradients without the [positions, vocabulary] logits.
+
+With a read-out list (`loss_ids`, `dflash train --loss-vocab list`) both distributions are softmaxes over the
+listed rows of the head only: the drafter learns the argmax greedy decoding takes over that list, and a label
+outside it (a draft the decoder can never propose) leaves the loss and ends the acceptance estimate's run.
+The head's arithmetic shrinks by V / N (SmolLM2: 49,152 -> 4,288 rows), most of a step for a large vocabulary.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -174,17 +181,35 @@ def block_loss(logits: torch.Tensor, batch: Batch, gamma: float, soft: torch.Ten
     return loss, stats
 
 
+def labels_over_list(batch: Batch, position: torch.Tensor) -> Batch:
+    """The batch with labels as indices into a read-out list; labels outside it become invalid.
+
+    position [V] long: the list index of each token id, -1 for ids outside the list.
+    """
+    listed = position[batch.labels]  # [B, N, Q-1]
+    inside = listed >= 0
+    return replace(batch, labels=listed.clamp(min=0), label_valid=batch.label_valid & inside)
+
+
 class TrainingObjective(nn.Module):
     """Wraps the drafter so DistributedDataParallel sees one forward per micro-batch."""
 
     def __init__(self, drafter: Drafter, target: TargetModel, gamma: float, soft_weight: float = 0.0,
-                 temperature: float = 1.0) -> None:
+                 temperature: float = 1.0, loss_ids: list[int] | None = None) -> None:
         super().__init__()
         self.drafter = drafter
         self._target = [target]  # a list: the frozen target is not a submodule (DDP must not sync it)
         self.gamma = gamma
         self.soft_weight = soft_weight
         self.temperature = temperature
+        # the read-out list the loss runs over (None: the whole vocabulary): its ids [N] and each id's index [V]
+        self.loss_ids = self.list_position = None
+        self._listed_head: tuple[tuple, torch.Tensor] | None = None  # (the head it was cut from, its rows [N, H])
+        if loss_ids is not None:
+            device = next(drafter.parameters()).device
+            self.loss_ids = torch.tensor(sorted(loss_ids), dtype=torch.long, device=device)
+            self.list_position = torch.full((target.vocab_size,), -1, dtype=torch.long, device=device)
+            self.list_position[self.loss_ids] = torch.arange(len(loss_ids), device=device)
 
     def forward(self, features: torch.Tensor, batch: Batch,
                 target_hidden: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
@@ -193,23 +218,32 @@ class TrainingObjective(nn.Module):
         hidden = block_hidden(self.drafter, target, features, batch)  # [B, N, Q, H]
         if self.soft_weight > 0 and target_hidden is None:
             raise ValueError("soft labels need the target's final hidden states [B, T, H] (target_hidden)")
+        teacher = None if self.soft_weight == 0 else teacher_hidden_at_labels(target_hidden, batch)  # [B, N, Q-1, H]
+        if self.loss_ids is not None:
+            batch = labels_over_list(batch, self.list_position)
         head = target.plain_head_weight()
         if head is not None and not head.requires_grad:
-            return self._fused_loss(hidden, head, batch, target_hidden)
-        logits = target.logits(hidden[:, :, 1:])  # frozen head; gradients flow to the drafter only
-        soft = None
-        if self.soft_weight > 0:
-            teacher = teacher_hidden_at_labels(target_hidden, batch)  # [B, N, Q-1, H]
-            soft = teacher_kl(logits, teacher, target.logits, self.temperature)
+            return self._fused_loss(hidden, self._rows_of(head), batch, teacher)
+        lm_head = target.logits if self.loss_ids is None else (lambda h: target.logits(h)[..., self.loss_ids])
+        logits = lm_head(hidden[:, :, 1:])  # frozen head; gradients flow to the drafter only
+        soft = None if teacher is None else teacher_kl(logits, teacher, lm_head, self.temperature)
         return block_loss(logits, batch, self.gamma, soft, self.soft_weight)
 
+    def _rows_of(self, head: torch.Tensor) -> torch.Tensor:
+        """The head's rows the loss runs over: all of them, or the read-out list's (cut once per head weight)."""
+        if self.loss_ids is None:
+            return head
+        key = (head.data_ptr(), head._version, head.dtype)
+        if self._listed_head is None or self._listed_head[0] != key:
+            self._listed_head = (key, head.index_select(0, self.loss_ids))
+        return self._listed_head[1]
+
     def _fused_loss(self, hidden: torch.Tensor, head: torch.Tensor, batch: Batch,
-                    target_hidden: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
-        """`block_loss` over `target.logits`, computed by `head_loss` without the [P, V] logits."""
+                    teacher: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
+        """`block_loss` over `head`'s logits, computed by `head_loss` without the [P, V] logits; teacher
+        [B, N, Q-1, H] the target's hidden states behind the soft labels (None: hard labels only)."""
         w = label_weights(batch, self.gamma).flatten()  # [P], P = B*N*(Q-1)
-        teacher = None
-        if self.soft_weight > 0:
-            teacher = teacher_hidden_at_labels(target_hidden, batch).flatten(0, 2)  # [P, H]
+        teacher = None if teacher is None else teacher.flatten(0, 2)  # [P, H]
         loss, correct = head_loss(hidden[:, :, 1:].flatten(0, 2), head, batch.labels.flatten(),
                                   (1 - self.soft_weight) * w, self.soft_weight * w, teacher, self.temperature)
         return loss, acceptance_stats(correct.view_as(batch.labels), batch)

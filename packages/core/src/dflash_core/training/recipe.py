@@ -14,6 +14,8 @@ from ..pairing import MASK_TOKEN
 PUBLISHED_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 # what a block position is trained against: the data's token, the target's distribution, or both
 DISTILL_MODES = ("hard", "soft", "mix")
+# what the loss's softmax runs over: the target's whole vocabulary, or the drafter's read-out list only
+LOSS_VOCABS = ("full", "list")
 
 
 def default_gamma(block_size: int) -> float:
@@ -70,6 +72,10 @@ class TrainConfig:
     """Start as this shallower (or fewer-featured) drafter's function, new layers and features at zero (grow.py)."""
     mask_token: str = MASK_TOKEN
     """The drafter's mask token: <|MASK|> (added when absent), or an existing token of the vocabulary."""
+    loss_vocab: str = "full"
+    """The loss's softmax over the whole vocabulary, or over the read-out list only ("list": the list greedy
+    drafts are read out over, so the loss is the decoder's argmax; labels outside it leave the loss; the
+    head's arithmetic shrinks by V / list size; the drafter's sampled drafts then stay on the list too)."""
 
     # fields that may change between a run and its resumption (bf16 follows the machine a run resumes on
     # under --dtype auto: the weights and optimizer state carry over; only that step's rounding differs)
@@ -98,6 +104,7 @@ class TrainConfig:
             (0 < self.distill_temperature < math.inf, "distill_temperature", "a positive finite number"),
             (self.feature_layers is None or self.feature_layers >= 1, "feature_layers", "an integer >= 1"),
             (isinstance(self.mask_token, str) and bool(self.mask_token), "mask_token", "a non-empty token"),
+            (self.loss_vocab in LOSS_VOCABS, "loss_vocab", f"one of {', '.join(LOSS_VOCABS)}"),
             (self.feature_layers is None or self.target_layer_ids is None, "feature_layers",
              "unset when target_layer_ids are given (one or the other)"),
             (self.init_from is None or not self.init_from_target, "init_from",

@@ -23,7 +23,7 @@ from ..decoding import generate
 from ..draft_vocab import DEFAULT_COVERAGE, choose_draft_vocab, count_tokens, save_draft_vocab
 from ..drafter import Drafter
 from ..checkpoint import check_weight_values
-from ..errors import CheckpointError, ConfigError, DataError
+from ..errors import CheckpointError, ConfigError
 from ..loading import stop_token_ids
 from ..pairing import mask_token_for_training
 from ..prompts import encode_prompt
@@ -112,8 +112,13 @@ class Trainer:
             self.draft_vocab = choose_draft_vocab(count_tokens(responses, target.vocab_size),
                                                   options.draft_vocab_coverage)
             self.drafter.draft_vocab = self.draft_vocab[0]
+        over_list = train.loss_vocab == "list"
+        if over_list and self.draft_vocab is None:
+            raise ConfigError("training setting 'loss_vocab' is 'list' but the run writes no read-out list: expected "
+                              "a draft vocabulary coverage (not --no-draft-vocab).")
+        self.drafter.sample_over_list = over_list  # its logits outside the list are never trained
         self.objective = TrainingObjective(self.drafter, target, train.loss_gamma, train.soft_weight,
-                                           train.distill_temperature)
+                                           train.distill_temperature, self.draft_vocab[0] if over_list else None)
         self.model = self.objective
         if place.world > 1:
             self.model = torch.nn.parallel.DistributedDataParallel(self.objective)
@@ -241,7 +246,8 @@ class Trainer:
             self.drafter.save_pretrained(self.options.out, dtype=self.options.save_dtype)  # with the list, if any
             if self.draft_vocab is not None:  # the same ids, with their coverage and source
                 save_draft_vocab(self.options.out, *self.draft_vocab,
-                                 source=f"the most frequent response tokens of the training data {self.data.path}")
+                                 source=f"the most frequent response tokens of the training data {self.data.path}",
+                                 sampled_over_list=self.drafter.sample_over_list)
         if self.place.world > 1:
             dist.barrier()
 
@@ -303,8 +309,8 @@ def _to_device(batch, device: torch.device):
     return batch
 
 
-def load_data(path: str | Path) -> TokenDataset:
-    data = TokenDataset(path)
-    if len(data) == 0:
-        raise DataError(f"data set {path} holds no samples.")
-    return data
+def load_data(path: str | Path | list[str | Path]) -> TokenDataset:
+    """A `dflash data` directory, or several of them joined in order (`TokenDataset.joined`)."""
+    paths = path if isinstance(path, list) else [path]
+    parts = [TokenDataset(p) for p in paths]  # each refuses a directory without samples
+    return parts[0] if len(parts) == 1 else TokenDataset.joined(parts)
