@@ -87,12 +87,22 @@ def test_fused_head_loss_refuses_a_trainable_head_and_soft_weights_without_a_tea
         head_loss(hidden, weight.detach(), labels, share, share, None)
 
 
-@pytest.mark.parametrize("distill_weight", [0.0, 0.5])
-def test_the_training_objective_gives_the_unfused_loss_stats_and_drafter_gradients(distill_weight):
+def _objective_pair():
+    """A frozen tiny target (vocabulary 32, 4 layers) and a 1-layer, block-6 drafter fed by its layer 2."""
     model = tiny_target(vocab=32, layers=4, seed=3)
     model.requires_grad_(False)
     drafter = tiny_drafter(drafter_config(model, layers=1, block_size=6, layer_ids=(2,)), seed=3)
-    target = TargetModel(model, drafter.config.target_layer_ids)
+    return drafter, TargetModel(model, drafter.config.target_layer_ids)
+
+
+def _assert_same_gradients(got: list[torch.Tensor], drafter) -> None:
+    for mine, ref in zip(got, (p.grad for p in drafter.parameters()), strict=True):
+        assert (mine - ref).abs().max().item() <= 1e-5 * max(1.0, ref.abs().max().item())
+
+
+@pytest.mark.parametrize("distill_weight", [0.0, 0.5])
+def test_the_training_objective_gives_the_unfused_loss_stats_and_drafter_gradients(distill_weight):
+    drafter, target = _objective_pair()
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, 30, (2, 40), generator=g)
     valid = torch.ones_like(tokens, dtype=torch.bool)
@@ -115,8 +125,7 @@ def test_the_training_objective_gives_the_unfused_loss_stats_and_drafter_gradien
     ref_loss, ref_stats = block_loss(logits, batch, 3.0, soft, distill_weight)
     ref_loss.backward()
     assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-5) and stats == pytest.approx(ref_stats)
-    for got, ref in zip(fused_grads, (p.grad for p in drafter.parameters())):
-        assert (got - ref).abs().max().item() <= 1e-5 * max(1.0, ref.abs().max().item())
+    _assert_same_gradients(fused_grads, drafter)
 
 
 def test_chunks_are_sized_by_bytes_small_on_the_cpu_large_elsewhere():
@@ -175,10 +184,7 @@ def test_the_loss_over_a_read_out_list_equals_a_hand_computed_value():
 def test_the_objective_over_a_read_out_list_is_the_unfused_loss_over_those_rows(distill_weight):
     """`TrainingObjective(loss_ids=...)`, fused, equals the unfused loss over the listed logits with the labels
     mapped by hand (labels outside the list dropped), with the same drafter gradients; a list cuts the loss."""
-    model = tiny_target(vocab=32, layers=4, seed=3)
-    model.requires_grad_(False)
-    drafter = tiny_drafter(drafter_config(model, layers=1, block_size=6, layer_ids=(2,)), seed=3)
-    target = TargetModel(model, drafter.config.target_layer_ids)
+    drafter, target = _objective_pair()
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, 30, (2, 40), generator=g)
     valid = torch.ones_like(tokens, dtype=torch.bool)
@@ -205,8 +211,7 @@ def test_the_objective_over_a_read_out_list_is_the_unfused_loss_over_those_rows(
     ref_loss, ref_stats = block_loss(logits, mapped, 3.0, soft_label_kl(logits, teacher, 1.0), distill_weight)
     ref_loss.backward()
     assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-5) and stats == pytest.approx(ref_stats)
-    for got, ref in zip(fused_grads, (p.grad for p in drafter.parameters())):
-        assert (got - ref).abs().max().item() <= 1e-5 * max(1.0, ref.abs().max().item())
+    _assert_same_gradients(fused_grads, drafter)
     whole, _ = TrainingObjective(drafter, target, gamma=3.0, soft_weight=distill_weight)(out.features, batch,
                                                                                          out.hidden)
     assert abs(whole.item() - loss.item()) > 1e-3  # the list changes the loss: the test sees which one ran
