@@ -23,7 +23,7 @@ from dflash_core.drafter import Drafter
 from dflash_core.errors import CompatibilityError, ConfigError
 from dflash_core.training.batches import Batch
 from dflash_core.training.data import TokenDataset
-from dflash_core.training.init_from_target import init_from_target
+from dflash_core.training.init_from_target import _mismatch, init_from_target
 from dflash_core.training.objective import block_loss, soft_label_kl, teacher_hidden_at_labels, teacher_kl
 from dflash_core.training.recipe import TrainConfig, drafter_config_for, feature_layer_ids
 from dflash_core.training.train_state import load_training_state
@@ -150,13 +150,36 @@ def test_init_from_target_copies_the_last_layers():
         theirs = dict(model.model.layers[index].named_parameters())
         assert all(torch.equal(p, theirs[name]) for name, p in draft_layer.named_parameters())
     assert torch.equal(drafter.norm.weight, model.model.norm.weight) and torch.equal(drafter.fc.weight, fc)
-    llama = TargetModel(tiny_target("llama", vocab=64, layers=6))
-    other = Drafter(drafter_config_for(llama, 63, TrainConfig()))
-    with pytest.raises(CompatibilityError, match=r"target layer 5 \(LlamaDecoderLayer\) lacks self_attn.q_norm"):
-        init_from_target(other, llama)
+    biased = TargetModel(tiny_target("llama", vocab=64, layers=6, attention_bias=True))
+    other = Drafter(drafter_config_for(biased, 63, TrainConfig()))
+    with pytest.raises(CompatibilityError, match=r"target layer 5 \(LlamaDecoderLayer\) has self_attn.k_proj.bias, "
+                                                 r"which a drafter layer has no place for"):
+        init_from_target(other, biased)
     with pytest.raises(ConfigError, match="at most 6 draft layers"):
         init_from_target(Drafter(drafter_config_for(target, 63, TrainConfig(draft_layers=7))), target)
 
+
+
+def test_init_from_target_copies_llama_layers_and_still_decodes_losslessly():
+    """Llama layers lack the per-head q/k norms: those stay at unit weight, everything else is copied."""
+    model = tiny_target("llama", vocab=64, layers=6, seed=2)
+    target = TargetModel(model)
+    drafter = Drafter(drafter_config_for(target, 63, TrainConfig(draft_layers=2)))
+    drafter.reset_parameters(0.02, torch.Generator().manual_seed(0))
+    assert init_from_target(drafter, target) == [4, 5]
+    for draft_layer, index in zip(drafter.layers, (4, 5)):
+        theirs = dict(model.model.layers[index].named_parameters())
+        for name, param in draft_layer.named_parameters():
+            assert torch.equal(param, theirs[name] if name in theirs else torch.ones_like(param)), name
+    assert torch.equal(drafter.norm.weight, model.model.norm.weight)
+    mine = dict(drafter.layers[0].named_parameters())
+    half = {k: v for k, v in mine.items() if k != "self_attn.k_norm.weight"}  # one per-head norm, not its pair
+    assert _mismatch(mine, half) == ("lacks self_attn.k_norm.weight but has its pair "
+                                     "(one per-head norm without the other)")
+    prompt = torch.tensor([[5, 9, 2, 33, 17, 8]])
+    want = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=24, do_sample=False,
+                          pad_token_id=0)[0, prompt.shape[1]:].tolist()
+    assert generate(model, drafter, prompt, max_new_tokens=24).tokens[0] == want
 
 # ---- each lever end to end: state, published format, lossless decoding ------------------------------
 

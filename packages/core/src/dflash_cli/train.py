@@ -62,7 +62,7 @@ def add_parser(commands) -> None:
                    help="temperature of both distributions in the soft-label term")
     p.add_argument("--init-from-target", action="store_true",
                    help="start draft layer i as target layer L-D+i (the last D layers) and the final norm as the "
-                        "target's (Qwen3 layouts only); default: random init")
+                        "target's (Qwen3 and Llama layouts); default: random init")
     p.add_argument("--init-from", default=None, metavar="DRAFTER",
                    help="start from this drafter's weights (published format; the drafter this run builds must "
                         "match it): continue a trained drafter on other data; default: a fresh drafter")
