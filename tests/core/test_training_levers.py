@@ -159,13 +159,16 @@ def test_init_from_target_copies_the_last_layers():
         init_from_target(Drafter(drafter_config_for(target, 63, TrainConfig(draft_layers=7))), target)
 
 
-
 def test_init_from_target_copies_llama_layers_and_still_decodes_losslessly():
-    """Llama layers lack the per-head q/k norms: those stay at unit weight, everything else is copied."""
+    """Llama layers lack the per-head q/k norms: those are set to unit weight, everything else is copied."""
     model = tiny_target("llama", vocab=64, layers=6, seed=2)
     target = TargetModel(model)
     drafter = Drafter(drafter_config_for(target, 63, TrainConfig(draft_layers=2)))
     drafter.reset_parameters(0.02, torch.Generator().manual_seed(0))
+    with torch.no_grad():  # not the fresh unit weights: init_from_target itself must set them
+        for layer in drafter.layers:
+            layer.self_attn.q_norm.weight.fill_(0.5)
+            layer.self_attn.k_norm.weight.fill_(0.5)
     assert init_from_target(drafter, target) == [4, 5]
     for draft_layer, index in zip(drafter.layers, (4, 5)):
         theirs = dict(model.model.layers[index].named_parameters())
@@ -180,6 +183,7 @@ def test_init_from_target_copies_llama_layers_and_still_decodes_losslessly():
     want = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=24, do_sample=False,
                           pad_token_id=0)[0, prompt.shape[1]:].tolist()
     assert generate(model, drafter, prompt, max_new_tokens=24).tokens[0] == want
+
 
 # ---- each lever end to end: state, published format, lossless decoding ------------------------------
 
