@@ -300,7 +300,8 @@ def test_each_method_learns_from_earlier_requests_alone_and_every_round_replays_
     request to the next. In the benchmark each method keeps its own, the warm-up adds none, and every round of
     a batch starts from the same one: rounds are repeats of one request, not more requests."""
     from dflash_core import decoding
-    from dflash_core.draft_length import VerifyCostTable, history_for, restore_histories, saved_histories
+    from dflash_core.cost_table import VerifyCostTable
+    from dflash_core.draft_length import history_for, restore_histories, saved_histories
 
     *_, pair = tiny
     # Costs where drafting pays (verify widths nearly free), so every method drafts from its first step: with the

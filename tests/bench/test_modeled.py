@@ -11,7 +11,7 @@ import torch
 from dflash_bench.modeled import SOURCES, main, modeled_decode, step_seconds
 from dflash_core.config import DFlashConfig
 from dflash_core.decoding import generate
-from dflash_core.draft_length import VerifyCostTable
+from dflash_core.cost_table import VerifyCostTable
 from dflash_core.loading import encode_prompt, load_pair
 from dflash_core.profiling import DecodeProfile, StepRecord
 from tiny import drafter_config, save_tiny_pair, tiny_drafter, tiny_target

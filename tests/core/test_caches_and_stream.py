@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 from dflash_core import DecodeProfile, TargetModel, generate, generate_stream
-from dflash_core.draft_length import DraftLengthPolicy, VerifyCostTable
+from dflash_core.cost_table import VerifyCostTable
+from dflash_core.draft_length import DraftLengthPolicy
 from dflash_core.target_cache import TargetCache
 from tiny import drafter_config, tiny_drafter, tiny_target
 

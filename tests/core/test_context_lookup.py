@@ -8,7 +8,8 @@ import pytest
 import torch
 from dflash_core import DecodeProfile, generate
 from dflash_core.context_lookup import NgramIndex, free_drafting, lookup_continuation
-from dflash_core.draft_length import DraftLengthPolicy, VerifyCostTable
+from dflash_core.cost_table import VerifyCostTable
+from dflash_core.draft_length import DraftLengthPolicy
 from test_greedy_lossless import _padded, never_agreeing_pair, target_greedy
 from tiny import drafter_config, tiny_drafter, tiny_target
 

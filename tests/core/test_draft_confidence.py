@@ -8,7 +8,8 @@ import pytest
 import torch
 from dflash_core import generate, generate_autoregressive
 from dflash_core.draft_confidence import ConfidentReadOut, confident_read_out
-from dflash_core.draft_length import AcceptanceHistory, DraftLengthPolicy, VerifyCostTable
+from dflash_core.cost_table import VerifyCostTable
+from dflash_core.draft_length import AcceptanceHistory, DraftLengthPolicy
 from dflash_core.draft_vocab import read_out_for
 from dflash_core.profiling import DecodeProfile
 from dflash_core.target import TargetModel

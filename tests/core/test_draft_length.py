@@ -6,9 +6,10 @@ import pytest
 import torch
 import json
 
-from dflash_core import draft_length
-from dflash_core.draft_length import (COST_FILE, AcceptanceHistory, DraftLengthPolicy, VerifyCostTable, cost_table_for,
-                                      history_for, measure_cost_table, spot_times, table_is_stale)
+from dflash_core import cost_table
+from dflash_core.cost_table import (COST_FILE, VerifyCostTable, cost_table_for, measure_cost_table, spot_times,
+                                    table_is_stale)
+from dflash_core.draft_length import AcceptanceHistory, DraftLengthPolicy, history_for
 from dflash_core.sampling import SamplingParams
 from dflash_core.target import TargetModel
 from tiny import drafter_config, tiny_drafter, tiny_target
@@ -213,13 +214,13 @@ def _refuse(*_):
 
 def test_cost_table_cache_is_kept_while_spot_times_agree(tmp_path, monkeypatch):
     target, drafter = _tiny_pair()
-    monkeypatch.setattr(draft_length, "_MEASURED", {})
+    monkeypatch.setattr(cost_table, "_MEASURED", {})
     measured = cost_table_for(target, drafter, cache_dir=tmp_path, spot=_refuse)  # no cache: measured, written
     key, stored = _stored(tmp_path)
     assert stored == measured and measured.block_size == 4
     planted = VerifyCostTable(seconds=(1.0, 1.1, 1.2, 1.3), draft_s=0.5)  # no real forward takes a second
     _plant(tmp_path, key, planted)
-    monkeypatch.setattr(draft_length, "_MEASURED", {})
+    monkeypatch.setattr(cost_table, "_MEASURED", {})
     spots = []
     agree = lambda *args: spots.append(args[2]) or (0.9, 1.2)  # within 1.25x of the planted table
     assert cost_table_for(target, drafter, cache_dir=tmp_path, spot=agree) == planted
@@ -229,7 +230,7 @@ def test_cost_table_cache_is_kept_while_spot_times_agree(tmp_path, monkeypatch):
 
 def test_sampling_requests_are_costed_by_their_own_tables(tmp_path, monkeypatch):
     target, drafter = _tiny_pair()
-    monkeypatch.setattr(draft_length, "_MEASURED", {})
+    monkeypatch.setattr(cost_table, "_MEASURED", {})
     greedy = cost_table_for(target, drafter, cache_dir=tmp_path, spot=_refuse)
     sampled = cost_table_for(target, drafter, sampling=SamplingParams(temperature=1.0), cache_dir=tmp_path, spot=_refuse)
     nucleus = cost_table_for(target, drafter, sampling=SamplingParams(temperature=1.0, top_p=0.9), cache_dir=tmp_path,
@@ -245,7 +246,7 @@ def test_sampling_requests_are_costed_by_their_own_tables(tmp_path, monkeypatch)
     # a cached sampled table is spot-checked the way it was measured: sampling too
     planted = VerifyCostTable(seconds=(1.0, 1.1, 1.2, 1.3), draft_s=0.5)
     _plant(tmp_path, keys[1], planted)
-    monkeypatch.setattr(draft_length, "_MEASURED", {})
+    monkeypatch.setattr(cost_table, "_MEASURED", {})
     spots = []
     agree = lambda *args, **kwargs: spots.append(kwargs) or (0.9, 1.2)
     assert cost_table_for(target, drafter, sampling=SamplingParams(temperature=1.0), cache_dir=tmp_path,
@@ -257,7 +258,7 @@ def test_auto_draft_length_costs_a_sampling_request_by_the_sampled_table_and_sta
     from dflash_core.decoding import generate
 
     target, drafter = _tiny_pair()
-    monkeypatch.setattr(draft_length, "_MEASURED", {})
+    monkeypatch.setattr(cost_table, "_MEASURED", {})
     monkeypatch.setenv("DFLASH_CACHE_DIR", str(tmp_path))
     ids = torch.tensor([[3, 5, 7, 9, 11]])
     sampled = generate(target, drafter, ids, max_new_tokens=12, temperature=1.0, seed=4)
@@ -270,24 +271,24 @@ def test_auto_draft_length_costs_a_sampling_request_by_the_sampled_table_and_sta
 
 def test_cost_table_cache_measured_on_a_busy_machine_is_replaced(tmp_path, monkeypatch):
     target, drafter = _tiny_pair()
-    monkeypatch.setattr(draft_length, "_MEASURED", {})
+    monkeypatch.setattr(cost_table, "_MEASURED", {})
     cost_table_for(target, drafter, cache_dir=tmp_path)
     key, _ = _stored(tmp_path)
     busy = VerifyCostTable(seconds=(5.0, 5.5, 5.5, 5.5), draft_s=1.0)  # slow and flat: a loaded machine's
     _plant(tmp_path, key, busy)
-    monkeypatch.setattr(draft_length, "_MEASURED", {})
+    monkeypatch.setattr(cost_table, "_MEASURED", {})
     table = cost_table_for(target, drafter, cache_dir=tmp_path)  # real spot times: seconds faster
     assert table != busy and table.seconds[-1] < 1.0 and _stored(tmp_path)[1] == table
 
 
 def test_cost_table_cached_at_rest_is_kept_while_the_machine_is_busy_now(tmp_path, monkeypatch):
     target, drafter = _tiny_pair()
-    monkeypatch.setattr(draft_length, "_MEASURED", {})
+    monkeypatch.setattr(cost_table, "_MEASURED", {})
     cost_table_for(target, drafter, cache_dir=tmp_path)
     key, _ = _stored(tmp_path)
     rested = VerifyCostTable(seconds=(1e-9, 2e-9, 3e-9, 4e-9), draft_s=1e-9)  # faster than any real forward
     _plant(tmp_path, key, rested)
-    monkeypatch.setattr(draft_length, "_MEASURED", {})
+    monkeypatch.setattr(cost_table, "_MEASURED", {})
     assert cost_table_for(target, drafter, cache_dir=tmp_path) == rested  # real spot times: slower, kept
     assert _stored(tmp_path)[1] == rested
     one, full = spot_times(target, drafter, 4, context=8, repeats=1)

@@ -8,7 +8,8 @@ from test_greedy_lossless import target_greedy
 from tiny import drafter_config, tiny_drafter, tiny_target
 
 from dflash_core import CheckpointError, CompatibilityError, generate
-from dflash_core.draft_length import DraftLengthPolicy, VerifyCostTable
+from dflash_core.cost_table import VerifyCostTable
+from dflash_core.draft_length import DraftLengthPolicy
 from dflash_core.onnx_export import export_onnx
 from dflash_core.ort_drafter import load_onnx_drafter
 

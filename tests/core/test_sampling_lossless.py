@@ -108,7 +108,8 @@ def test_speculative_sampling_matches_target_distribution(pair, temperature, top
 def test_context_lookup_copies_keep_the_target_distribution(pair):
     """Copies from a repetitive prompt are drafts like any other: the samples still follow the target."""
     from dflash_core import DecodeProfile
-    from dflash_core.draft_length import DraftLengthPolicy, VerifyCostTable
+    from dflash_core.cost_table import VerifyCostTable
+    from dflash_core.draft_length import DraftLengthPolicy
 
     model, drafter = pair
     prompt = [1, 2, 1, 2, 1, 2, 1]  # a lookup copy ([2, 1, 2]) from the first step on

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .draft_length import VerifyCostTable
+from .cost_table import VerifyCostTable
 
 MAX_NGRAM = 4  # the longest suffix looked up first: a longer match is a surer one
 MIN_NGRAM = 2  # a single repeated token says little about what follows it

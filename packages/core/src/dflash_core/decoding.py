@@ -30,7 +30,8 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from .context_lookup import NgramIndex, free_drafting
-from .draft_length import DraftLengthPolicy, cost_table_for, history_for
+from .cost_table import cost_table_for
+from .draft_length import DraftLengthPolicy, history_for
 from .draft_sampling import DraftSampler, speculative_accept
 from .draft_confidence import ConfidentReadOut, confident_read_out
 from .draft_vocab import read_out_for, sampling_head_for

@@ -21,7 +21,8 @@ import torch
 from tqdm import tqdm
 
 from dflash_core.decoding import as_target
-from dflash_core.draft_length import cost_table_for, restore_histories, saved_histories
+from dflash_core.cost_table import cost_table_for
+from dflash_core.draft_length import restore_histories, saved_histories
 from dflash_core.dtypes import short_name
 from dflash_core.errors import DFlashError
 from dflash_core.loading import Pair, encode_prompt, load_pair, stop_token_ids

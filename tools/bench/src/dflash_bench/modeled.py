@@ -5,7 +5,7 @@ next, and on 24 prompts the decoder's knife-edge choices (drafter or copy, how m
 much (docs/benchmarks.md, "Sixty-four stages"): too coarse to tell two neighbouring drafters apart. Here
 `generate` itself decodes each prompt (greedy, batch 1, its defaults unless told otherwise) and records
 every step (`DecodeProfile.step_log`); each step is then charged what the decoder's own cost table
-(`dflash_core.draft_length.cost_table_for`, the one its draft-length policy decides by) says it costs:
+(`dflash_core.cost_table.cost_table_for`, the one its draft-length policy decides by) says it costs:
 
     plain step      T(1)
     drafter step    T(k+1) + the drafter's pass and read-out of k drafts (`VerifyCostTable.drafting`)
@@ -35,7 +35,8 @@ from typing import Sequence
 from tqdm import tqdm
 
 from dflash_core.decoding import generate
-from dflash_core.draft_length import DraftLengthPolicy, VerifyCostTable, cost_table_for, history_for
+from dflash_core.cost_table import VerifyCostTable, cost_table_for
+from dflash_core.draft_length import DraftLengthPolicy, history_for
 from dflash_core.loading import Pair, encode_prompt, stop_token_ids
 from dflash_core.profiling import DecodeProfile, StepRecord
 

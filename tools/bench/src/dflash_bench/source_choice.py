@@ -9,7 +9,7 @@ picks one from what each has achieved so far. This measures how much a better ch
    would have had accepted there: the drafter's whole block drafted from the target's features of
    tokens < p (what the decoder's drafter sees), and the lookup copy of the history up to p;
 3. decoding replayed from those numbers under a rule that picks the source per step, each step
-   charged by the machine's cost table (`dflash_core.draft_length.cost_table_for`, the decoder's own).
+   charged by the machine's cost table (`dflash_core.cost_table.cost_table_for`, the decoder's own).
 
 "oracle" picks, knowing both outcomes, the one of drafter / lookup / plain step with the most tokens
 per second: no rule that decides before verifying can beat it, so oracle / the decoder's rule bounds
@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from dflash_core.autoregressive import generate_autoregressive
 from dflash_core.context_lookup import NgramIndex
-from dflash_core.draft_length import VerifyCostTable
+from dflash_core.cost_table import VerifyCostTable
 from dflash_core.draft_vocab import read_out_for
 
 
@@ -138,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import shlex
     import sys
 
-    from dflash_core.draft_length import cost_table_for
+    from dflash_core.cost_table import cost_table_for
     from dflash_core.loading import encode_prompt, load_pair, stop_token_ids
     from dflash_core.training.data import read_prompts
 
