@@ -229,8 +229,10 @@ def table_is_stale(table: VerifyCostTable, one: float, full: float, *, tolerance
 COST_FILE = "cost_tables.json"
 # in the cache key: tables measured by an earlier `measure_cost_table`, or of an earlier, dearer drafting step
 # (3: the drafter's block pass with fewer dispatched ops and the block's K/V in the cache's free slots; 4: the
-# target's multi-token verify on the CPU without a K/V copy per query group, `grouped_attention`), are measured again
-COST_METHOD = 4
+# target's multi-token verify on the CPU without a K/V copy per query group, `grouped_attention`; 5: sampled tokens
+# drawn by inverse CDF, `sampling.sample_categorical`, not torch.multinomial, which cost a sampling table's verify
+# 180-200 us per position on the Zen 4 EPYC), are measured again
+COST_METHOD = 5
 _MEASURED: dict[tuple, VerifyCostTable] = {}
 
 

@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from .sampling import SamplingParams, warp_logits
+from .sampling import SamplingParams, sample_categorical, warp_logits
 
 
 class DraftSampler:
@@ -41,7 +41,7 @@ class DraftSampler:
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         probs = warp_logits(self.lm_head(hidden), self.params).softmax(dim=-1)  # [B, k, V], fp32
         self.probs = probs
-        return torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=self.generator).view(probs.shape[:-1])
+        return sample_categorical(probs, self.generator)  # [B, k]
 
     def take(self) -> torch.Tensor | None:
         """q [B, k, V] of the latest drafts, once; None when no draft was sampled since (the backend read
@@ -70,5 +70,5 @@ def speculative_accept(drafts: torch.Tensor, draft_probs: torch.Tensor, target_p
     residual = (p_next - q_next).clamp(min=0)
     # a zero residual means p <= q everywhere, i.e. p == q: rejecting had probability 0 (rounding only)
     weights = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p_next)
-    next_tokens = torch.multinomial(weights, 1, generator=generator)[:, 0]
+    next_tokens = sample_categorical(weights, generator)  # [B]
     return accepted, next_tokens
