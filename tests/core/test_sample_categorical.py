@@ -8,7 +8,7 @@ import torch
 from test_sampling_lossless import ALPHA, chi_square_p
 
 from dflash_core.errors import GenerationError
-from dflash_core.sampling import categorical_from_uniform, sample_categorical
+from dflash_core.sampling import categorical_from_uniform, running_sum_dtype, sample_categorical
 
 WEIGHTS = [0.0, 3.5, 0.0, 1.0, 2.5, 0.0, 0.5, 0.0]  # not normalised; zeros first, between and last
 DRAWS = 40000
@@ -56,3 +56,9 @@ def test_uniforms_at_the_ends_land_on_the_first_and_last_positive_weights():
 def test_a_distribution_without_finite_positive_mass_is_refused(bad):
     with pytest.raises(GenerationError, match=r"cannot sample: a distribution has no positive finite mass"):
         sample_categorical(torch.tensor([[0.5, 0.5, 0.0], bad]), torch.Generator().manual_seed(0))
+
+
+def test_the_running_sum_is_float64_except_on_a_device_without_it():
+    assert running_sum_dtype(torch.device("cpu")) == running_sum_dtype(torch.device("cuda")) == torch.float64
+    assert running_sum_dtype(torch.device("mps")) == torch.float32
+    assert categorical_from_uniform(torch.tensor([[0.0, 1.0, 1.0]]), torch.tensor([0.75])).tolist() == [2]

@@ -81,10 +81,10 @@ def sample_categorical(weights: torch.Tensor, generator: torch.Generator | None)
     without replacement, also for one sample): 180-200 us a row over the demo target's 8,192 ids on the
     Zen 4 EPYC and 2.7 ms for a 16-position verify block, against 30 and 100 us here (1.0 ms against
     90 us a row over SmolLM2's 49,152). The running sum is float64 so that each index's interval is its
-    weight to ~1e-16 (a float32 sum near 1 rounds a weight to 6e-8).
+    weight to ~1e-16 (a float32 sum near 1 rounds a weight to 6e-8), except where the device has no float64.
     """
     flat = weights.reshape(-1, weights.shape[-1])
-    uniform = torch.rand(flat.shape[0], dtype=torch.float64, generator=generator, device=flat.device)
+    uniform = torch.rand(flat.shape[0], dtype=running_sum_dtype(flat.device), generator=generator, device=flat.device)
     return categorical_from_uniform(flat, uniform).view(weights.shape[:-1])
 
 
@@ -93,13 +93,18 @@ def categorical_from_uniform(weights: torch.Tensor, uniform: torch.Tensor) -> to
     sum exceeds uniform * total. A zero-weight index is never returned (its running sum equals the one
     before it), and the target point is kept strictly below the total, so rounding cannot carry it past
     the last index of positive weight."""
-    cdf = weights.cumsum(dim=-1, dtype=torch.float64)  # [N, V]
+    cdf = weights.cumsum(dim=-1, dtype=running_sum_dtype(weights.device))  # [N, V]
     total = cdf[:, -1:]
     if cdf.device.type == "cpu" and not bool((total > 0).all()):  # NaN compares False too; no GPU sync
         raise GenerationError("cannot sample: a distribution has no positive finite mass (NaN or all-zero "
                               "probabilities); expected finite logits.")
-    point = torch.minimum(uniform[:, None].to(torch.float64) * total, total.nextafter(torch.zeros_like(total)))
+    point = torch.minimum(uniform[:, None].to(cdf.dtype) * total, total.nextafter(torch.zeros_like(total)))
     return torch.searchsorted(cdf, point, right=True)[:, 0]
+
+
+def running_sum_dtype(device: torch.device) -> torch.dtype:
+    """float64 for the sampler's running sum, float32 on Apple's MPS, which has no float64."""
+    return torch.float32 if device.type == "mps" else torch.float64
 
 
 def make_generator(params: SamplingParams, seed: int | None, device: torch.device) -> torch.Generator | None:
