@@ -87,7 +87,7 @@ def _in_read(exc: BaseException) -> Callable[[Any], None]:
 
 def _in_swap(monkeypatch) -> None:
     """Ctrl-C right after the old output was moved aside, before the new one is renamed into place."""
-    import dflash_core.fileio as fileio
+    import dflash_core.files.atomic as fileio
 
     real = os.replace
 

@@ -219,7 +219,7 @@ def test_plain_weights_beside_packed_ones_in_one_comparison(tiny):
 def test_fp16_copies_beside_bf16_ones_in_one_comparison(tiny, monkeypatch):
     """dflash_fp16_weights: where the drafter decodes bf16 copies, the same decoding with fp16-packed ones (real
     kernels; bf16 is allowed here even on a CPU that emulates it, so the test runs on every machine)."""
-    from dflash_core import packed_weights
+    from dflash_core.kernels import packed_weights
 
     if not packed_weights.fp16_packing_supported("cpu", torch.float32):
         pytest.skip("FBGEMM's fp16-weight GEMM is missing here")
@@ -299,9 +299,7 @@ def test_each_method_learns_from_earlier_requests_alone_and_every_round_replays_
     """`generate` carries what earlier requests saw (the draft-length policy's acceptance history) from one
     request to the next. In the benchmark each method keeps its own, the warm-up adds none, and every round of
     a batch starts from the same one: rounds are repeats of one request, not more requests."""
-    from dflash_core import decoding
-    from dflash_core.cost_table import VerifyCostTable
-    from dflash_core.draft_length import history_for, restore_histories, saved_histories
+    from dflash_core.tuning.cost_table import VerifyCostTable
 
     *_, pair = tiny
     # Costs where drafting pays (verify widths nearly free), so every method drafts from its first step: with the
@@ -309,22 +307,23 @@ def test_each_method_learns_from_earlier_requests_alone_and_every_round_replays_
     # leaving nothing learnt for the next batch to start from (seen once in CI).
     block = pair.drafter.config.block_size
     table = VerifyCostTable(seconds=tuple(1e-3 * (1 + 0.02 * q) for q in range(block)), draft_s=2e-4)
-    monkeypatch.setattr(decoding, "cost_table_for", lambda *args, **kwargs: table)
+    tuning = pair.tuning
+    monkeypatch.setattr(tuning, "cost_table", lambda *args, **kwargs: table)
     ids = e2e.encode_prompts(pair, PROMPTS, "cpu")
     seen: dict[str, list] = {}
 
     def recording(name, runner):
         def run(pair_, batch, settings):
-            state = saved_histories(pair_.drafter)
+            state = pair_.tuning.saved_histories(pair_.drafter)
             seen.setdefault(name, []).append((batch.prompts, {k: list(h.reached) for k, h in state.items()}))
             return runner(pair_, batch, settings)
         return run
 
     runners = {**methods.RUNNERS, "dflash": recording("dflash", methods.run_dflash),
                "dflash_drafter": recording("dflash_drafter", methods.run_dflash_drafter)}
-    restore_histories(pair.drafter, {})  # this test's own start, whatever the module's earlier tests taught
-    history_for(pair.drafter).record(3, 1)  # something learnt before the benchmark
-    before = {k: list(h.reached) for k, h in saved_histories(pair.drafter).items()}
+    tuning.restore_histories(pair.drafter, {})  # this test's own start, whatever the module's earlier tests taught
+    tuning.history(pair.drafter).record(3, 1)  # something learnt before the benchmark
+    before = {k: list(h.reached) for k, h in tuning.saved_histories(pair.drafter).items()}
     e2e.compare(pair, ids, _settings(pair, 12), methods=["ar", "dflash", "dflash_drafter"], runners=runners, repeats=2)
     for name, calls in seen.items():
         warm_up, *timed = calls
@@ -339,4 +338,4 @@ def test_each_method_learns_from_earlier_requests_alone_and_every_round_replays_
     drafter_only = [state for _, state in seen["dflash_drafter"]]
     assert any(state.get("lookup", [0.0])[0] > 0 for _, state in seen["dflash"])  # there was some to leak
     assert all(state.get("lookup", [0.0])[0] == 0.0 for state in drafter_only)
-    assert {k: list(h.reached) for k, h in saved_histories(pair.drafter).items()} == before  # left as found
+    assert {k: list(h.reached) for k, h in tuning.saved_histories(pair.drafter).items()} == before  # left as found

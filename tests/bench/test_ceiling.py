@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dflash_bench.ceiling import acceptance_by_position, ceiling_speedup, expected_tokens
-from dflash_core.cost_table import VerifyCostTable
+from dflash_core.tuning.cost_table import VerifyCostTable
 
 
 def test_acceptance_by_position_counts_reached_and_accepted_and_drops_each_rows_last_step():

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from dflash_bench.modeled import SOURCES, main, modeled_decode, step_seconds
-from dflash_core.config import DFlashConfig
-from dflash_core.decoding import generate
-from dflash_core.cost_table import VerifyCostTable
+from dflash_core.model.config import DFlashConfig
+from dflash_core.decode.loop import generate
+from dflash_core.tuning.cost_table import VerifyCostTable
 from dflash_core.loading import encode_prompt, load_pair
-from dflash_core.profiling import DecodeProfile, StepRecord
+from dflash_core.decode.profiling import DecodeProfile, StepRecord
 from tiny import drafter_config, save_tiny_pair, tiny_drafter, tiny_target
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from dflash_bench.source_choice import RULES, PositionAcceptance, position_acceptance, replay
-from dflash_core.autoregressive import generate_autoregressive
-from dflash_core.decoding import as_target, generate
-from dflash_core.cost_table import VerifyCostTable
+from dflash_core.decode.autoregressive import generate_autoregressive
+from dflash_core.decode.loop import as_target, generate
+from dflash_core.tuning.cost_table import VerifyCostTable
 from dflash_core.loading import encode_prompt, load_pair
 from tiny import drafter_config, tiny_drafter, tiny_target
 

@@ -20,7 +20,7 @@ from tiny import drafter_config, save_tiny_pair, tiny_drafter
 
 from dflash_convert.cli import main
 from dflash_core import load_drafter
-from dflash_core.onnx_export import DrafterGraph, example_inputs
+from dflash_core.model.onnx_export import DrafterGraph, example_inputs
 from dflash_trtllm.options import validate_options
 
 

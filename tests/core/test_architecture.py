@@ -34,8 +34,8 @@ def test_core_module_imports_no_cli_tool_or_engine(module):
 
 
 def test_both_drafter_backends_implement_the_protocol(tmp_path):
-    from dflash_core.onnx_export import export_onnx
-    from dflash_core.ort_drafter import load_onnx_drafter
+    from dflash_core.model.onnx_export import export_onnx
+    from dflash_core.model.ort_drafter import load_onnx_drafter
 
     model = tiny_target()
     drafter = tiny_drafter(drafter_config(model, block_size=4))

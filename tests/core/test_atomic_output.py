@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from dflash_core import fileio
+from dflash_core.files import atomic as fileio
 from dflash_core.errors import OutputError
-from dflash_core.fileio import atomic_directory, atomic_file, atomic_path, guard_output
+from dflash_core.files.atomic import atomic_directory, atomic_file, atomic_path, guard_output
 
 
 def tree(root: Path) -> dict[str, bytes | None]:

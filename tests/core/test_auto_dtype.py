@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from dflash_core.auto_dtype import (CACHE_FILE, choose_dtype, choose_training_dtype, default_cache_dir, model_key,
+from dflash_core.tuning.auto_dtype import (CACHE_FILE, choose_dtype, choose_training_dtype, default_cache_dir, model_key,
                                     probe_forward_costs, probe_training_costs, resolve_auto_dtype)
 from tiny import tiny_target
 

@@ -13,9 +13,10 @@ from test_packed_weights import (assert_costed_by_its_own_table, assert_greedy_i
                                  assert_samples_follow_the_target, copies_everywhere, greedy_pair, sampling_pair)
 from tiny import drafter_config, save_tiny_pair, tiny_drafter, tiny_target
 
-from dflash_core import load_pair, packed_weights
+from dflash_core import load_pair
+from dflash_core.kernels import packed_weights
 from dflash_core.errors import CompatibilityError
-from dflash_core.packed_weights import BF16_KERNELS, BF16_ROW_PROBES, Bf16Linear, measure_kernels, packed_matmuls
+from dflash_core.kernels.packed_weights import BF16_KERNELS, BF16_ROW_PROBES, Bf16Linear, measure_kernels, packed_matmuls
 
 
 @pytest.fixture

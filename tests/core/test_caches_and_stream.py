@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import torch
+from dflash_core.tuning.plan import Tuning
 from dflash_core import DecodeProfile, TargetModel, generate, generate_stream
-from dflash_core.cost_table import VerifyCostTable
-from dflash_core.draft_length import DraftLengthPolicy
-from dflash_core.target_cache import TargetCache
+from dflash_core.tuning.cost_table import VerifyCostTable
+from dflash_core.tuning.draft_length import DraftLengthPolicy
+from dflash_core.target.cache import TargetCache
 from tiny import drafter_config, tiny_drafter, tiny_target
 
 
@@ -51,7 +52,8 @@ def test_stream_yields_exactly_what_generate_returns():
     model = tiny_target(vocab=6, seed=4)
     drafter = tiny_drafter(drafter_config(model, block_size=6), seed=4)
     ids = torch.tensor([[1, 2, 3], [3, 2, 1]])
-    stream = generate_stream(model, drafter, ids, max_new_tokens=25)
+    tuning = Tuning()  # one cost table for both runs: their policies then choose alike
+    stream = generate_stream(model, drafter, ids, max_new_tokens=25, tuning=tuning)
     pieces = [[], []]
     steps = 0
     for chunk in stream:
@@ -59,7 +61,8 @@ def test_stream_yields_exactly_what_generate_returns():
         for row, tokens in enumerate(chunk):
             pieces[row].extend(tokens)
     # a drafter of the same weights: its acceptance history starts as empty as the stream's did
-    expected = generate(model, tiny_drafter(drafter_config(model, block_size=6), seed=4), ids, max_new_tokens=25)
+    expected = generate(model, tiny_drafter(drafter_config(model, block_size=6), seed=4), ids, max_new_tokens=25,
+                        tuning=tuning)
     assert pieces == expected.tokens == stream.result.tokens
     assert steps == 1 + max(len(a) for a in expected.acceptance_lengths)
     assert stream.result.acceptance_lengths == expected.acceptance_lengths

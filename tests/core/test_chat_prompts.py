@@ -10,7 +10,7 @@ import json
 
 import pytest
 from dflash_core.errors import DataError, GenerationError
-from dflash_core.prompts import chat_ids, encode_prompt, end_of_turn_ids, prompt_ids
+from dflash_core.target.prompts import chat_ids, encode_prompt, end_of_turn_ids, prompt_ids
 from dflash_core.training.data import read_prompts
 from tiny import tiny_tokenizer
 

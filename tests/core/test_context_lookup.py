@@ -7,9 +7,9 @@ import random
 import pytest
 import torch
 from dflash_core import DecodeProfile, generate
-from dflash_core.context_lookup import NgramIndex, free_drafting, lookup_continuation
-from dflash_core.cost_table import VerifyCostTable
-from dflash_core.draft_length import DraftLengthPolicy
+from dflash_core.decode.context_lookup import NgramIndex, free_drafting, lookup_continuation
+from dflash_core.tuning.cost_table import VerifyCostTable
+from dflash_core.tuning.draft_length import DraftLengthPolicy
 from test_greedy_lossless import _padded, never_agreeing_pair, target_greedy
 from tiny import drafter_config, tiny_drafter, tiny_target
 
@@ -132,6 +132,7 @@ def test_the_repetitive_sweep_really_copies():
 def _check_drafter_context(seed: int) -> int:
     """Decode a repetitive ragged batch for five steps; check the drafter's context; return the copied steps."""
     from dflash_core import TargetModel, generate_stream
+    from dflash_core.decode.sources import DrafterSource
 
     rng = random.Random(seed)
     model = tiny_target(vocab=6, layers=2, hidden=32, seed=seed)
@@ -145,7 +146,8 @@ def _check_drafter_context(seed: int) -> int:
     for _ in range(6):  # prefill and five steps; every row still active (40 tokens are far)
         next(steps)
     decoder = stream._decoder
-    decoder._inject_pending()
+    source = next(s for s in decoder.chooser.sources if isinstance(s, DrafterSource))
+    source._inject_pending()
     target = TargetModel(model, drafter.config.target_layer_ids)
     for i, row in enumerate(decoder.rows.ids):
         seen = prompts[row] + stream.result.tokens[row][:-1]  # the newest token is not verified yet
@@ -153,8 +155,8 @@ def _check_drafter_context(seed: int) -> int:
             features = target(torch.tensor([seen]), torch.arange(len(seen))[None], None).features
         fresh = drafter.new_cache(1, 64)
         drafter.extend_cache(fresh, features, torch.arange(len(seen))[None], [len(seen)])
-        assert decoder.dcache.lengths[i] == len(seen)
-        for got, want in zip(decoder.dcache.context(), fresh.context()):
+        assert source.cache.lengths[i] == len(seen)
+        for got, want in zip(source.cache.context(), fresh.context()):
             assert torch.allclose(got[:, i, :, : len(seen)], want[:, 0], atol=1e-5), (seed, row)
     return profile.lookup_steps
 
@@ -173,7 +175,7 @@ def test_the_context_check_covers_copied_steps():
 def test_a_copy_passed_over_for_the_drafter_is_scored_against_what_the_target_committed():
     """Where the drafter drafted although the row had a copy, the copy's outcome is read off the committed tokens
     (greedy): its lookup policy keeps learning while it is not chosen, instead of starving on old rejections."""
-    from dflash_core.decoding import _shadow_outcome
+    from dflash_core.decode.choice import shadow_outcome as _shadow_outcome
 
     assert _shadow_outcome([5, 6, 7], [5, 6, 9]) == (3, 2)  # 2 accepted, the third rejected
     assert _shadow_outcome([4], [5, 1]) == (1, 0)

@@ -7,12 +7,12 @@ import random
 import pytest
 import torch
 from dflash_core import generate, generate_autoregressive
-from dflash_core.draft_confidence import ConfidentReadOut, confident_read_out
-from dflash_core.cost_table import VerifyCostTable
-from dflash_core.draft_length import AcceptanceHistory, DraftLengthPolicy
-from dflash_core.draft_vocab import read_out_for
-from dflash_core.profiling import DecodeProfile
-from dflash_core.target import TargetModel
+from dflash_core.decode.draft_confidence import ConfidentReadOut, confident_read_out
+from dflash_core.tuning.cost_table import VerifyCostTable
+from dflash_core.tuning.draft_length import AcceptanceHistory, DraftLengthPolicy
+from dflash_core.model.draft_vocab import read_out_for
+from dflash_core.decode.profiling import DecodeProfile
+from dflash_core.target.adapter import TargetModel
 from tiny import ARCHS, drafter_config, tiny_drafter, tiny_target
 
 STEPPED = (1.0, 1.2, 1.4, 2.4)

@@ -6,12 +6,12 @@ import pytest
 import torch
 import json
 
-from dflash_core import cost_table
-from dflash_core.cost_table import (COST_FILE, VerifyCostTable, cost_table_for, measure_cost_table, spot_times,
+from dflash_core.tuning.cost_table import (COST_FILE, VerifyCostTable, cost_table_for, measure_cost_table, spot_times,
                                     table_is_stale)
-from dflash_core.draft_length import AcceptanceHistory, DraftLengthPolicy, history_for
-from dflash_core.sampling import SamplingParams
-from dflash_core.target import TargetModel
+from dflash_core.tuning.draft_length import AcceptanceHistory, DraftLengthPolicy
+from dflash_core.tuning.plan import Tuning
+from dflash_core.sampling.tokens import SamplingParams
+from dflash_core.target.adapter import TargetModel
 from tiny import drafter_config, tiny_drafter, tiny_target
 
 # verify over 1..4 tokens; the 4-token forward is a step up (as at a kernel tile boundary)
@@ -64,22 +64,25 @@ def test_a_request_starts_from_what_earlier_requests_saw(accept, first):
 
 
 def test_greedy_decoding_keeps_a_history_per_drafter_and_source_and_stays_lossless():
-    from dflash_core.decoding import generate
+    from dflash_core.decode.loop import generate
 
     target, drafter = _tiny_pair()
     ids = torch.tensor([[3, 5, 7, 9, 11]])
+    tuning = Tuning()
     plain = generate(target, drafter, ids, max_new_tokens=16, draft_length=0).tokens
-    assert generate(target, drafter, ids, max_new_tokens=16).tokens == plain
-    greedy = history_for(drafter)
+    assert generate(target, drafter, ids, max_new_tokens=16, tuning=tuning).tokens == plain
+    greedy = tuning.history(drafter)
     assert greedy.reached[0] > 0  # the drafter drafted, and what it got is kept for the next request
-    assert generate(target, drafter, ids, max_new_tokens=16).tokens == plain  # the next starts from it
-    assert history_for(drafter) is greedy and history_for(drafter, "lookup") is not greedy
+    assert generate(target, drafter, ids, max_new_tokens=16, tuning=tuning).tokens == plain  # the next starts from it
+    assert tuning.history(drafter) is greedy and tuning.history(drafter, "lookup") is not greedy
     # a sampling request neither reads nor writes it: its seed must reproduce its sample whatever ran before
     seen = list(greedy.reached)
-    sampled = [generate(target, drafter, ids, max_new_tokens=16, temperature=1.0, seed=5).tokens for _ in range(2)]
+    sampled = [generate(target, drafter, ids, max_new_tokens=16, temperature=1.0, seed=5, tuning=tuning).tokens
+               for _ in range(2)]
     assert sampled[0] == sampled[1] and greedy.reached == seen
     other = tiny_drafter(drafter_config(tiny_target(vocab=32, layers=2), block_size=4))
-    assert history_for(other).reached == [0.0] * 3
+    assert tuning.history(other).reached == [0.0] * 3
+    assert Tuning().history(drafter).reached == [0.0] * 3  # histories live in the Tuning, not the process
 
 
 def test_drafter_that_always_accepts_uses_the_whole_block_on_a_flat_table():
@@ -214,81 +217,71 @@ def _refuse(*_):
 
 def test_cost_table_cache_is_kept_while_spot_times_agree(tmp_path, monkeypatch):
     target, drafter = _tiny_pair()
-    monkeypatch.setattr(cost_table, "_MEASURED", {})
-    measured = cost_table_for(target, drafter, cache_dir=tmp_path, spot=_refuse)  # no cache: measured, written
+    measured = Tuning(tmp_path).cost_table(target, drafter, spot=_refuse)  # no cache: measured, written
     key, stored = _stored(tmp_path)
     assert stored == measured and measured.block_size == 4
     planted = VerifyCostTable(seconds=(1.0, 1.1, 1.2, 1.3), draft_s=0.5)  # no real forward takes a second
     _plant(tmp_path, key, planted)
-    monkeypatch.setattr(cost_table, "_MEASURED", {})
     spots = []
     agree = lambda *args: spots.append(args[2]) or (0.9, 1.2)  # within 1.25x of the planted table
-    assert cost_table_for(target, drafter, cache_dir=tmp_path, spot=agree) == planted
+    tuning = Tuning(tmp_path)  # as a new process would
+    assert tuning.cost_table(target, drafter, spot=agree) == planted
     assert spots == [4] and _stored(tmp_path)[1] == planted
-    assert cost_table_for(target, drafter, cache_dir=tmp_path, spot=_refuse) == planted  # once per process
+    assert tuning.cost_table(target, drafter, spot=_refuse) == planted  # once per Tuning
 
 
 def test_sampling_requests_are_costed_by_their_own_tables(tmp_path, monkeypatch):
     target, drafter = _tiny_pair()
-    monkeypatch.setattr(cost_table, "_MEASURED", {})
-    greedy = cost_table_for(target, drafter, cache_dir=tmp_path, spot=_refuse)
-    sampled = cost_table_for(target, drafter, sampling=SamplingParams(temperature=1.0), cache_dir=tmp_path, spot=_refuse)
-    nucleus = cost_table_for(target, drafter, sampling=SamplingParams(temperature=1.0, top_p=0.9), cache_dir=tmp_path,
-                             spot=_refuse)
+    tuning = Tuning(tmp_path)
+    greedy = tuning.cost_table(target, drafter, spot=_refuse)
+    sampled = tuning.cost_table(target, drafter, SamplingParams(temperature=1.0), spot=_refuse)
+    nucleus = tuning.cost_table(target, drafter, SamplingParams(temperature=1.0, top_p=0.9), spot=_refuse)
     keys = list(json.loads((tmp_path / COST_FILE).read_text()))
     assert len(keys) == 3 and "choice=" not in keys[0]  # greedy keeps the key tables had before
     assert keys[1] == keys[0] + "|choice=sample" and keys[2] == keys[0] + "|choice=sample+top_p"
     # the temperature's value costs nothing: T=0.5 is served T=1's table; T=0 is greedy
-    assert cost_table_for(target, drafter, sampling=SamplingParams(temperature=0.5), cache_dir=tmp_path,
-                          spot=_refuse) is sampled
-    assert cost_table_for(target, drafter, sampling=SamplingParams(), cache_dir=tmp_path, spot=_refuse) is greedy
+    assert tuning.cost_table(target, drafter, SamplingParams(temperature=0.5), spot=_refuse) is sampled
+    assert tuning.cost_table(target, drafter, SamplingParams(), spot=_refuse) is greedy
     assert nucleus is not sampled
     # a cached sampled table is spot-checked the way it was measured: sampling too
     planted = VerifyCostTable(seconds=(1.0, 1.1, 1.2, 1.3), draft_s=0.5)
     _plant(tmp_path, keys[1], planted)
-    monkeypatch.setattr(cost_table, "_MEASURED", {})
     spots = []
     agree = lambda *args, **kwargs: spots.append(kwargs) or (0.9, 1.2)
-    assert cost_table_for(target, drafter, sampling=SamplingParams(temperature=1.0), cache_dir=tmp_path,
-                          spot=agree) == planted
+    assert Tuning(tmp_path).cost_table(target, drafter, SamplingParams(temperature=1.0), spot=agree) == planted
     assert spots == [{"sampling": SamplingParams(temperature=1.0)}]
 
 
 def test_auto_draft_length_costs_a_sampling_request_by_the_sampled_table_and_stays_exact(tmp_path, monkeypatch):
-    from dflash_core.decoding import generate
+    from dflash_core.decode.loop import generate
 
     target, drafter = _tiny_pair()
-    monkeypatch.setattr(cost_table, "_MEASURED", {})
-    monkeypatch.setenv("DFLASH_CACHE_DIR", str(tmp_path))
+    tuning = Tuning(tmp_path)
     ids = torch.tensor([[3, 5, 7, 9, 11]])
-    sampled = generate(target, drafter, ids, max_new_tokens=12, temperature=1.0, seed=4)
+    sampled = generate(target, drafter, ids, max_new_tokens=12, temperature=1.0, seed=4, tuning=tuning)
     assert [key.endswith("|choice=sample") for key in json.loads((tmp_path / COST_FILE).read_text())] == [True]
     assert len(sampled.tokens[0]) == 12  # the distribution's exactness: tests/core/test_sampling_lossless.py
-    greedy = generate(target, drafter, ids, max_new_tokens=12)
+    greedy = generate(target, drafter, ids, max_new_tokens=12, tuning=tuning)
     assert greedy.tokens == generate(target, drafter, ids, max_new_tokens=12, draft_length=0).tokens
     assert len(json.loads((tmp_path / COST_FILE).read_text())) == 2  # greedy: its own table
 
 
 def test_cost_table_cache_measured_on_a_busy_machine_is_replaced(tmp_path, monkeypatch):
     target, drafter = _tiny_pair()
-    monkeypatch.setattr(cost_table, "_MEASURED", {})
     cost_table_for(target, drafter, cache_dir=tmp_path)
     key, _ = _stored(tmp_path)
     busy = VerifyCostTable(seconds=(5.0, 5.5, 5.5, 5.5), draft_s=1.0)  # slow and flat: a loaded machine's
     _plant(tmp_path, key, busy)
-    monkeypatch.setattr(cost_table, "_MEASURED", {})
     table = cost_table_for(target, drafter, cache_dir=tmp_path)  # real spot times: seconds faster
     assert table != busy and table.seconds[-1] < 1.0 and _stored(tmp_path)[1] == table
 
 
 def test_cost_table_cached_at_rest_is_kept_while_the_machine_is_busy_now(tmp_path, monkeypatch):
     target, drafter = _tiny_pair()
-    monkeypatch.setattr(cost_table, "_MEASURED", {})
     cost_table_for(target, drafter, cache_dir=tmp_path)
     key, _ = _stored(tmp_path)
     rested = VerifyCostTable(seconds=(1e-9, 2e-9, 3e-9, 4e-9), draft_s=1e-9)  # faster than any real forward
     _plant(tmp_path, key, rested)
-    monkeypatch.setattr(cost_table, "_MEASURED", {})
     assert cost_table_for(target, drafter, cache_dir=tmp_path) == rested  # real spot times: slower, kept
     assert _stored(tmp_path)[1] == rested
     one, full = spot_times(target, drafter, 4, context=8, repeats=1)
@@ -308,3 +301,24 @@ def test_a_retry_is_repeated_at_once_only_if_its_rows_accepted_half_their_drafts
     for row in range(16):  # k drafts verified per row; only some rows get them all accepted
         policy.observe(k, k if row < rows_accepting else 0)
     assert (policy.choose(16) > 0) is again
+
+
+def test_generate_without_a_tuning_writes_nothing_and_keeps_nothing(tmp_path, monkeypatch):
+    """A library call has no side effects: no cache file (wherever the cache directory points), no state left."""
+    from dflash_core.decode.loop import generate
+
+    target, drafter = _tiny_pair()
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("DFLASH_CACHE_DIR", str(cache))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    ids = torch.tensor([[3, 5, 7, 9, 11], [2, 4, 6, 8, 10]])
+    plain = generate(target, drafter, ids, max_new_tokens=12, draft_length=0).tokens
+    for temperature in (0.0, 1.0):
+        out = generate(target, drafter, ids, max_new_tokens=12, temperature=temperature, seed=3)
+        assert len(out.tokens[0]) == 12
+    assert generate(target, drafter, ids, max_new_tokens=12).tokens == plain
+    assert list(cache.iterdir()) == [] and not (tmp_path / "xdg").exists()
+    # the same calls with a cached Tuning do write there: the check above could see a file
+    generate(target, drafter, ids, max_new_tokens=12, tuning=Tuning.cached())
+    assert [p.name for p in cache.iterdir()] == [COST_FILE]

@@ -14,10 +14,10 @@ from tiny import drafter_config, save_tiny_pair, tiny_drafter, tiny_target
 from transformers import AutoConfig
 
 from dflash_core import generate, load_drafter
-from dflash_core.draft_vocab import (DRAFT_VOCAB_FILE, ROUND_TO, SubsetReadOut, choose_draft_vocab, count_tokens,
+from dflash_core.model.draft_vocab import (DRAFT_VOCAB_FILE, ROUND_TO, SubsetReadOut, choose_draft_vocab, count_tokens,
                                      load_draft_vocab, read_out_for, save_draft_vocab)
 from dflash_core.errors import CheckpointError
-from dflash_core.target import TargetModel
+from dflash_core.target.adapter import TargetModel
 from dflash_core.training.data import TokenDataset
 
 

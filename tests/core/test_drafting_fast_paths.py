@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dflash_core import graph
-from dflash_core.rope import rope_cos_sin, rope_table
+from dflash_core.model import graph
+from dflash_core.model.rope import rope_cos_sin, rope_table
 from tiny import drafter_config, tiny_drafter
 
 

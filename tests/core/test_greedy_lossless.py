@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 from dflash_core import GenerationError, generate, generate_autoregressive
-from dflash_core.cost_table import VerifyCostTable
-from dflash_core.draft_length import DraftLengthPolicy
+from dflash_core.tuning.cost_table import VerifyCostTable
+from dflash_core.tuning.draft_length import DraftLengthPolicy
 from tiny import ARCHS, drafter_config, tiny_drafter, tiny_target
 
 

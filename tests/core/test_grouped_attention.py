@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from dflash_core.autoregressive import generate_autoregressive
-from dflash_core.decoding import generate
-from dflash_core.grouped_attention import ATTENTION_NAME
-from dflash_core.target import TargetModel, cache_argument
+from dflash_core.decode.autoregressive import generate_autoregressive
+from dflash_core.decode.loop import generate
+from dflash_core.kernels.grouped_attention import ATTENTION_NAME
+from dflash_core.target.adapter import TargetModel, cache_argument
 from transformers.utils.generic import is_flash_attention_requested
 from tiny import drafter_config, tiny_drafter, tiny_target
 

@@ -15,7 +15,7 @@ import torch
 from tiny import drafter_config, tiny_drafter, tiny_target
 
 from dflash_core import generate, load_drafter
-from dflash_core.drafter import Drafter
+from dflash_core.model.drafter import Drafter
 from dflash_core.errors import ConfigError
 from dflash_core.training.grow import grow_from_drafter, growth_problem
 from dflash_core.training.train_state import load_training_state

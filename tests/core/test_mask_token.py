@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from dflash_core import TargetModel
 from dflash_core.errors import CompatibilityError
-from dflash_core.pairing import MASK_TOKEN, mask_token_for_training
+from dflash_core.target.pairing import MASK_TOKEN, mask_token_for_training
 from tiny import tiny_target
 
 

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from tiny import tiny_target
 
-from dflash_core import matmul_layout
-from dflash_core.matmul_layout import LAYOUTS, _product, chosen_layouts, matmul, row_bucket
-from dflash_core.target import TargetModel
+from dflash_core.kernels import matmul_layout
+from dflash_core.kernels.matmul_layout import LAYOUTS, _product, chosen_layouts, matmul, row_bucket
+from dflash_core.target.adapter import TargetModel
 
 
 def test_row_buckets_are_powers_of_two():
@@ -52,7 +52,7 @@ def test_target_logits_go_through_it_and_a_hooked_head_is_called_as_it_is(monkey
     target = TargetModel(model)
     hidden = torch.randn(1, 5, 32)
     calls = []
-    monkeypatch.setattr("dflash_core.target.matmul", lambda h, w, b: calls.append(h.shape) or F.linear(h, w, b))
+    monkeypatch.setattr("dflash_core.target.adapter.matmul", lambda h, w, b: calls.append(h.shape) or F.linear(h, w, b))
     torch.testing.assert_close(target.logits(hidden), model.lm_head(hidden))
     assert calls == [(1, 5, 32)]
     seen = []

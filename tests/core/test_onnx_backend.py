@@ -8,10 +8,10 @@ from test_greedy_lossless import target_greedy
 from tiny import drafter_config, tiny_drafter, tiny_target
 
 from dflash_core import CheckpointError, CompatibilityError, generate
-from dflash_core.cost_table import VerifyCostTable
-from dflash_core.draft_length import DraftLengthPolicy
-from dflash_core.onnx_export import export_onnx
-from dflash_core.ort_drafter import load_onnx_drafter
+from dflash_core.tuning.cost_table import VerifyCostTable
+from dflash_core.tuning.draft_length import DraftLengthPolicy
+from dflash_core.model.onnx_export import export_onnx
+from dflash_core.model.ort_drafter import load_onnx_drafter
 
 
 @pytest.fixture(scope="module")

@@ -15,11 +15,12 @@ from test_greedy_lossless import target_greedy
 from test_sampling_lossless import ALPHA, PROMPT, SAMPLES, STEPS, chi_square_p, exact_joint
 from tiny import drafter_config, save_tiny_pair, tiny_drafter, tiny_target
 
-from dflash_core import cost_table, generate, load_pair
-from dflash_core.cost_table import COST_FILE, cost_table_for
-from dflash_core.draft_vocab import draft_head_for, read_out_for
+from dflash_core import generate, load_pair
+from dflash_core.tuning.cost_table import COST_FILE
+from dflash_core.tuning.plan import Tuning
+from dflash_core.model.draft_vocab import draft_head_for, read_out_for
 from dflash_core.errors import CompatibilityError
-from dflash_core.packed_weights import (ROW_PROBES, PackedFp16Linear, bf16_matmuls_supported, format_supported,
+from dflash_core.kernels.packed_weights import (ROW_PROBES, PackedFp16Linear, bf16_matmuls_supported, format_supported,
                                         fp16_packing_supported, linear, measure_row_limit, packed_matmuls)
 
 pytestmark = pytest.mark.skipif(not fp16_packing_supported("cpu", torch.float32),
@@ -171,10 +172,10 @@ def test_sampling_with_packed_weights_keeps_the_target_distribution():
 def assert_costed_by_its_own_table(tmp_path, monkeypatch, weight_format: str) -> None:
     """A drafter decoding weight copies gets a cost table of its own, keyed `|weights=<format>` after plain's."""
     target, drafter = _tiny_pair()
-    monkeypatch.setattr(cost_table, "_MEASURED", {})
-    plain = cost_table_for(target, drafter, cache_dir=tmp_path, spot=_refuse)
+    tuning = Tuning(tmp_path)
+    plain = tuning.cost_table(target, drafter, spot=_refuse)
     drafter.use_weight_format(weight_format)
-    copied = cost_table_for(target, drafter, cache_dir=tmp_path, spot=_refuse)
+    copied = tuning.cost_table(target, drafter, spot=_refuse)
     keys = list(json.loads((tmp_path / COST_FILE).read_text()))
     assert copied is not plain and keys[1] == keys[0] + f"|weights={weight_format}"  # plain keeps the keys it had
 

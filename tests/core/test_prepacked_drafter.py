@@ -8,10 +8,11 @@ import torch
 import torch.nn.functional as F
 from tiny import drafter_config, save_tiny_pair, tiny_drafter, tiny_target
 
-from dflash_core import load_pair, packed_weights
-from dflash_core.decoding import generate
+from dflash_core import load_pair
+from dflash_core.kernels import packed_weights
+from dflash_core.decode.loop import generate
 from dflash_core.errors import CompatibilityError
-from dflash_core.packed_weights import PrepackedBf16Linear, packed_matmuls
+from dflash_core.kernels.packed_weights import PrepackedBf16Linear, packed_matmuls
 
 needs_onednn = pytest.mark.skipif(not packed_weights.bf16_prepacking_supported("cpu", torch.bfloat16),
                                   reason="no oneDNN bf16 packed-linear kernels here (an AVX2-only CPU)")

@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-from dflash_core.autoregressive import generate_autoregressive
-from dflash_core.decoding import generate
+from dflash_core.decode.autoregressive import generate_autoregressive
+from dflash_core.decode.loop import generate
 from dflash_core.loading import load_pair
-from dflash_core.prepacked_linear import _PackedForward, prepack_linears, prepack_supported
+from dflash_core.kernels.prepacked_linear import _PackedForward, prepack_linears, prepack_supported
 from tiny import drafter_config, save_tiny_pair, tiny_drafter, tiny_target
 
 needs_onednn = pytest.mark.skipif(not prepack_supported(nn.Linear(4, 4).to(torch.bfloat16)),
@@ -74,7 +74,8 @@ def test_a_bf16_pair_decodes_as_before(tmp_path):
 
 
 def test_the_dtype_probe_times_bf16_as_decoding_reads_it_and_leaves_the_model_alone(monkeypatch):
-    from dflash_core import auto_dtype, prepacked_linear
+    from dflash_core.tuning import auto_dtype
+    from dflash_core.kernels import prepacked_linear
 
     packed_models = []
     real = prepacked_linear.prepack_linears
@@ -105,12 +106,12 @@ def test_a_packed_model_can_be_copied_and_cast():
 
 _WITHOUT_ONEDNN_BF16 = """
 import sys, torch
-from dflash_core.auto_dtype import describe_machine, machine_key, probe_forward_costs
-from dflash_core.autoregressive import generate_autoregressive
-from dflash_core.decoding import generate
+from dflash_core.tuning.auto_dtype import describe_machine, machine_key, probe_forward_costs
+from dflash_core.decode.autoregressive import generate_autoregressive
+from dflash_core.decode.loop import generate
 from dflash_core.loading import load_pair
-from dflash_core.packed_weights import bf16_matmuls_supported
-from dflash_core.prepacked_linear import prepack_linears, prepacking_available
+from dflash_core.kernels.packed_weights import bf16_matmuls_supported
+from dflash_core.kernels.prepacked_linear import prepack_linears, prepacking_available
 
 assert not prepacking_available("cpu", torch.bfloat16) and not bf16_matmuls_supported("cpu", torch.float32)
 assert "no-onednn-bf16" in machine_key()  # timings cached under full kernels are not read back here

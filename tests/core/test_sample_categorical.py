@@ -1,4 +1,4 @@
-"""The sampler every sampled token goes through (`dflash_core.sampling.sample_categorical`): the target's
+"""The sampler every sampled token goes through (`dflash_core.sampling.tokens.sample_categorical`): the target's
 tokens, sampled drafts and the residual draw of speculative sampling."""
 
 from collections import Counter
@@ -8,7 +8,7 @@ import torch
 from test_sampling_lossless import ALPHA, chi_square_p
 
 from dflash_core.errors import GenerationError
-from dflash_core.sampling import categorical_from_uniform, running_sum_dtype, sample_categorical
+from dflash_core.sampling.tokens import categorical_from_uniform, running_sum_dtype, sample_categorical
 
 WEIGHTS = [0.0, 3.5, 0.0, 1.0, 2.5, 0.0, 0.5, 0.0]  # not normalised; zeros first, between and last
 DRAWS = 40000

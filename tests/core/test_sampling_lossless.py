@@ -108,8 +108,8 @@ def test_speculative_sampling_matches_target_distribution(pair, temperature, top
 def test_context_lookup_copies_keep_the_target_distribution(pair):
     """Copies from a repetitive prompt are drafts like any other: the samples still follow the target."""
     from dflash_core import DecodeProfile
-    from dflash_core.cost_table import VerifyCostTable
-    from dflash_core.draft_length import DraftLengthPolicy
+    from dflash_core.tuning.cost_table import VerifyCostTable
+    from dflash_core.tuning.draft_length import DraftLengthPolicy
 
     model, drafter = pair
     prompt = [1, 2, 1, 2, 1, 2, 1]  # a lookup copy ([2, 1, 2]) from the first step on
@@ -174,7 +174,7 @@ def test_empty_prompt(pair):
 
 def _one_position(p, q, claimed_q=None, rows=20000, seed=0):
     """Draw d ~ q per row and run the acceptance test with `claimed_q` (default q) as the proposal."""
-    from dflash_core.draft_sampling import speculative_accept
+    from dflash_core.sampling.speculative import speculative_accept
 
     gen = torch.Generator().manual_seed(seed)
     drafts = torch.multinomial(q.expand(rows, -1), 1, replacement=True, generator=gen)  # [rows, 1]
@@ -208,7 +208,7 @@ def test_speculative_accept_fails_with_the_wrong_proposal():
 
 
 def test_speculative_accept_keeps_every_draft_when_q_equals_p():
-    from dflash_core.draft_sampling import speculative_accept
+    from dflash_core.sampling.speculative import speculative_accept
 
     gen = torch.Generator().manual_seed(1)
     p = torch.rand(64, 5, 7, generator=gen).softmax(-1)  # [B, k+1, V]
@@ -218,8 +218,8 @@ def test_speculative_accept_keeps_every_draft_when_q_equals_p():
 
 
 def test_draft_sampler_draws_from_the_warped_head_and_keeps_q():
-    from dflash_core.draft_sampling import DraftSampler
-    from dflash_core.sampling import SamplingParams, warp_logits
+    from dflash_core.sampling.speculative import DraftSampler
+    from dflash_core.sampling.tokens import SamplingParams, warp_logits
 
     head = torch.nn.Linear(6, 10, bias=False)
     params = SamplingParams(temperature=0.7, top_k=3)

@@ -17,7 +17,7 @@ from tiny import save_tiny_pair
 
 from dflash_core import generate, load_drafter
 from dflash_cli import main
-from dflash_core.masks import block_attention_mask
+from dflash_core.model.masks import block_attention_mask
 from dflash_core.training.batches import make_batch, sample_index
 from dflash_core.training.train_state import load_training_state
 from dflash_core.training.data import TokenDataset

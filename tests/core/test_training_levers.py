@@ -19,7 +19,7 @@ from tiny import save_tiny_pair, tiny_target
 
 from dflash_cli import main
 from dflash_core import TargetModel, generate, load_drafter
-from dflash_core.drafter import Drafter
+from dflash_core.model.drafter import Drafter
 from dflash_core.errors import CompatibilityError, ConfigError
 from dflash_core.training.batches import Batch
 from dflash_core.training.data import TokenDataset
@@ -356,7 +356,7 @@ def test_data_in_batches_takes_the_batch_probes_precision(setup, tmp_path, capsy
     """`dflash data --dtype auto` answers >= BATCHED_ROWS prompts together with the precision of the batch
     ("train") probe and fewer with the decode probe's; the two verdicts are seeded opposite in the cache (the
     wiring is under test, not the clock), so the precision named shows which probe was read."""
-    from dflash_core.auto_dtype import BATCHED_ROWS, resolve_auto_dtype
+    from dflash_core.tuning.auto_dtype import BATCHED_ROWS, resolve_auto_dtype
     from dflash_core.loading import load_target
 
     assert BATCHED_ROWS == 8
@@ -368,7 +368,7 @@ def test_data_in_batches_takes_the_batch_probes_precision(setup, tmp_path, capsy
              "bf16": {"dtype": "bf16", "train_s": 0.5, "tokens": 512}}  # batches: bf16
     model = load_target(target, (), "fp32").model
     for workload, costs in (("decode", decode), ("train", train)):
-        resolve_auto_dtype(model, 16, device="cpu", workload=workload,
+        resolve_auto_dtype(model, 16, device="cpu", workload=workload, cache_dir=tmp_path / "cache",
                            probe=lambda m, dtype, b, costs=costs: costs["fp32" if dtype == torch.float32 else "bf16"])
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"def f{i}(x):"}) + "\n" for i in range(batch)))
@@ -384,7 +384,7 @@ def test_auto_dtype_sets_the_training_precision(setup, tmp_path, capsys, monkeyp
     """The training probe's verdict (seeded in the cache here: this test is about the wiring, not the clock)
     decides both the target's dtype and bf16 autocast; a run resumed under the other verdict continues. The
     decode probe's verdict, seeded the other way, is not what training reads."""
-    from dflash_core.auto_dtype import resolve_auto_dtype
+    from dflash_core.tuning.auto_dtype import resolve_auto_dtype
     from dflash_core.loading import load_target
 
     target, data = setup
@@ -396,7 +396,7 @@ def test_auto_dtype_sets_the_training_precision(setup, tmp_path, capsys, monkeyp
              "bf16": {"dtype": "bf16", "train_s": 0.6 if bf16_faster else 1.3, "tokens": 512}}
     model = load_target(target, (), "fp32").model  # the cache key is the model's config, as the CLI loads it
     for workload, costs in (("decode", decode), ("train", train)):
-        resolve_auto_dtype(model, 4, device="cpu", workload=workload,
+        resolve_auto_dtype(model, 4, device="cpu", workload=workload, cache_dir=tmp_path / "cache",
                            probe=lambda m, dtype, b, costs=costs: costs["fp32" if dtype == torch.float32 else "bf16"])
     out = tmp_path / "run"
     args = [a for a in FAST if a not in ("--dtype", "fp32")] + ["--dtype", "auto"]

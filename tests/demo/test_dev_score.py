@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dflash_core.drafter import load_drafter
+from dflash_core.model.drafter import load_drafter
 from dflash_core.loading import load_target
 from dflash_core.training.batches import make_batch
 from dflash_core.training.objective import TrainingObjective

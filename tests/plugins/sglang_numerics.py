@@ -214,7 +214,7 @@ def check_config(model, cfg, ours) -> None:
 
 def check_numerics(model, ours) -> None:
     """Projections, context K/V, MLP and norms, then attention through SGLang's own backend."""
-    from dflash_core import graph
+    from dflash_core.model import graph
 
     oc = ours.config
     w, dims = ours.weights(), ours.dims
@@ -283,7 +283,7 @@ def attention_checks(model, ours, w, dims, sg_kv, our_k, our_v, target_hidden, n
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
-    from dflash_core import graph
+    from dflash_core.model import graph
 
     def make_backend():
         total = C + Q

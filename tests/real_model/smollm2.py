@@ -38,7 +38,7 @@ def heldout_chats(count: int) -> list[list[dict]]:
 def real_drafter(target, tokenizer):
     """The committed SmolLM2 drafter where there is one, else a random one shaped by the recipe."""
     from dflash_core import Drafter, load_drafter
-    from dflash_core.pairing import mask_token_for_training
+    from dflash_core.target.pairing import mask_token_for_training
     from dflash_core.training.recipe import TrainConfig, drafter_config_for
 
     if (DRAFTER / "config.json").is_file():

@@ -31,7 +31,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import bench, data, demo, generate, serve, train
+    from dflash_cli import bench, data, demo, generate, serve, train
 
     parser = Parser(prog="dflash", description="DFlash block-diffusion speculative decoding")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

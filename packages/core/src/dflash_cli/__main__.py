@@ -1,3 +1,3 @@
-from . import main
+from dflash_cli import main
 
 raise SystemExit(main())

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from dflash_core.dtypes import SHORT_NAMES
 from dflash_core.errors import ConfigError, DFlashError
-from dflash_core.fileio import guard_output
+from dflash_core.files.atomic import guard_output
 
-from . import flags
-from .common import apply_threads
+from dflash_cli import flags
+from dflash_cli.common import apply_threads
 
 DTYPES = flags.listed(flags.one_of(SHORT_NAMES), f"dtypes ({', '.join(SHORT_NAMES)})")
 RESULT_SUFFIXES = (".json", ".md", ".png", ".csv", ".txt")

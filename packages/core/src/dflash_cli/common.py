@@ -8,11 +8,13 @@ from pathlib import Path
 
 import torch
 
-from dflash_core.dtypes import SHORT_NAMES
+from dflash_core.dtypes import SHORT_NAMES, resolve_dtype
 from dflash_core.errors import DFlashError, GenerationError
-from dflash_core.textfiles import read_text_file
+from dflash_core.files.text import read_text_file
+from dflash_core.loading import load_target, load_target_auto
+from dflash_core.tuning.plan import Tuning
 
-from . import flags
+from dflash_cli import flags
 
 
 def add_runtime_args(parser, *, default_dtype: str = "bf16", allow_auto: bool = False) -> None:
@@ -23,17 +25,23 @@ def add_runtime_args(parser, *, default_dtype: str = "bf16", allow_auto: bool = 
     parser.add_argument("--device", type=flags.device, default="cpu", help="torch device (cpu, cuda, cuda:1, ...)")
     parser.add_argument("--threads", type=flags.integer(0), default=0,
                         help="torch intra-op threads (0: torch's default)")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="measure this machine (dtype probe, verify cost table) without reading or writing the "
+                             "cache directory ($DFLASH_CACHE_DIR, else $XDG_CACHE_HOME/dflash, else ~/.cache/dflash)")
 
 
-def load_target_in(target_dir: str, dtype: str, device: str, block_size: int = 16, *, workload: str = "decode"):
+def tuning_for(args) -> Tuning:
+    """The `Tuning` a command measures through: cached in the user's cache directory unless --no-cache."""
+    return Tuning() if args.no_cache else Tuning.cached()
+
+
+def load_target_in(target_dir: str, dtype: str, device: str, block_size: int = 16, *, workload: str = "decode",
+                   tuning: Tuning | None = None):
     """(target, torch dtype) for --dtype; 'auto' is resolved by the measured probe of `workload` ("decode",
     "train") and its reason printed (stderr)."""
-    from dflash_core.dtypes import resolve_dtype
-    from dflash_core.loading import load_target, load_target_auto
-
     if dtype != "auto":
         return load_target(target_dir, (), dtype, device), resolve_dtype(dtype)
-    target, dtype, reason = load_target_auto(target_dir, (), block_size, device, workload=workload)
+    target, dtype, reason = load_target_auto(target_dir, (), block_size, device, workload=workload, tuning=tuning)
     print(f"dtype {reason}", file=sys.stderr)
     return target, dtype
 

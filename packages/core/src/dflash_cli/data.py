@@ -5,15 +5,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from dflash_core.auto_dtype import BATCHED_ROWS
-from dflash_core.fileio import guard_output
+from dflash_core.tuning.auto_dtype import BATCHED_ROWS
+from dflash_core.files.atomic import guard_output
 from dflash_core.loading import load_tokenizer
-from dflash_core.target_checks import read_target_config
+from dflash_core.target.checks import read_target_config
 from dflash_core.training.data import (INDEX_FILE, DataSettings, generate_responses, load_or_start_index,
                                        prompts_fingerprint, read_prompts, target_fingerprint)
 
-from . import flags
-from .common import add_runtime_args, apply_threads, load_target_in
+from dflash_cli import flags
+from dflash_cli.common import add_runtime_args, apply_threads, load_target_in, tuning_for
 
 
 def add_parser(commands) -> None:
@@ -47,7 +47,7 @@ def run(args) -> int:
     load_or_start_index(args.out, settings)  # a corrupt index or other settings: refused before the target loads
     # many sequences at once: their matmuls are a batch's, where bf16 hardware pays even if one token does not
     workload = "train" if args.batch_size >= BATCHED_ROWS else "decode"
-    target, _ = load_target_in(args.target, args.dtype, args.device, workload=workload)
+    target, _ = load_target_in(args.target, args.dtype, args.device, workload=workload, tuning=tuning_for(args))
     tokenizer = load_tokenizer(args.target)
     index = generate_responses(target.model, tokenizer, prompts, args.out, settings, batch_size=args.batch_size)
     samples = sum(s["samples"] for s in index["shards"])

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from dflash_core.errors import DFlashError
 
-from . import flags
-from .common import add_draft_length_arg, add_runtime_args, apply_threads
+from dflash_cli import flags
+from dflash_cli.common import add_draft_length_arg, add_runtime_args, apply_threads, tuning_for
 
 
 def add_parser(commands) -> None:
@@ -40,6 +40,7 @@ def run(args) -> int:
     request = DemoRequest(models=args.models or default_models_dir(), prompt_index=args.prompt_index,
                           max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                           top_k=args.top_k, seed=args.seed, summary_prompts=args.summary_prompts, dtype=args.dtype,
-                          device=args.device, draft_length=args.draft_length, context_lookup=args.context_lookup)
+                          device=args.device, draft_length=args.draft_length, context_lookup=args.context_lookup,
+                          tuning=tuning_for(args))
     run_demo(request)
     return 0

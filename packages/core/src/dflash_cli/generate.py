@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import sys
 
-from dflash_core.autoregressive import generate_autoregressive
-from dflash_core.decoding import generate_stream
+from dflash_core.decode.autoregressive import generate_autoregressive
+from dflash_core.decode.loop import generate_stream
 from dflash_core.loading import encode_prompt, load_pair, stop_token_ids
-from dflash_core.profiling import DecodeProfile
-from dflash_core.sampling import SamplingParams
-from dflash_core.text_stream import TextStream
-from dflash_core.warmup import warm_up
+from dflash_core.decode.profiling import DecodeProfile
+from dflash_core.sampling.tokens import SamplingParams
+from dflash_core.decode.text_stream import TextStream
+from dflash_core.decode.warmup import warm_up
 
-from . import flags
-from .common import add_draft_length_arg, add_runtime_args, apply_threads, chat_message, print_json, read_prompt
+from dflash_cli import flags
+from dflash_cli.common import (add_draft_length_arg, add_runtime_args, apply_threads, chat_message, print_json, read_prompt,
+                               tuning_for)
 
 
 def add_parser(commands) -> None:
@@ -56,19 +57,19 @@ def run(args) -> int:
     params = SamplingParams(args.temperature, args.top_p, args.top_k)  # validate before loading models
     prompt = read_prompt(args.prompt, args.prompt_file) if args.chat is None else chat_message(args.chat)
     pair = load_pair(args.target, args.drafter, dtype=args.dtype, device=args.device, backend=args.drafter_backend,
-                     threads=args.threads, drafter_weights=args.drafter_weights)
+                     threads=args.threads, drafter_weights=args.drafter_weights, tuning=tuning_for(args))
     ids = encode_prompt(pair.tokenizer, prompt, args.device)
     stops = stop_token_ids(pair.target, pair.tokenizer)
     sampling = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k, "seed": args.seed}
     profile = DecodeProfile()
     # the request is checked here, before anything is printed: bad input stays one line
-    stream = generate_stream(pair.target, pair.drafter, ids, max_new_tokens=args.max_new_tokens,
+    stream = generate_stream(pair.target, pair.drafter, ids, max_new_tokens=args.max_new_tokens, tuning=pair.tuning,
                              stop_token_ids=stops, draft_length=args.draft_length,
                              context_lookup=args.context_lookup, profile=profile, **sampling)
     for note in pair.notes:
         print(f"note: {note}", file=sys.stderr)
     if args.compare_ar:
-        warm_up(pair.target, pair.drafter, ids, stops)
+        warm_up(pair.target, pair.drafter, ids, stops, pair.tuning)
     printer = TextStream(pair.tokenizer) if args.stream and not args.json else None
     for chunk in stream:
         if printer:

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import torch
 
-from dflash_core.draft_vocab import DEFAULT_COVERAGE
+from dflash_core.model.draft_vocab import DEFAULT_COVERAGE
 from dflash_core.dtypes import SHORT_NAMES
 from dflash_core.errors import ConfigError
-from dflash_core.fileio import guard_output
+from dflash_core.files.atomic import guard_output
 from dflash_core.loading import load_tokenizer
 from dflash_core.training.data import read_prompts
 from dflash_core.training.recipe import DISTILL_MODES, LOSS_VOCABS, TrainConfig
 
-from . import flags
-from .common import add_runtime_args, apply_threads, load_target_in
+from dflash_cli import flags
+from dflash_cli.common import add_runtime_args, apply_threads, load_target_in, tuning_for
 
 
 def add_parser(commands) -> None:
@@ -129,7 +129,7 @@ def run(args) -> int:
     # bf16 autocast exactly when the target runs in bf16: 'auto' picks it only where a training-sized forward
     # is measured faster
     target, dtype = load_target_in(args.target, "fp32" if args.no_bf16 else args.dtype, str(place.device),
-                                   args.block_size, workload="train")
+                                   args.block_size, workload="train", tuning=tuning_for(args))
     if place.world > 1:  # every process must train in one precision: bf16 only if all of them picked it
         agreed = torch.tensor([int(dtype == torch.bfloat16)], device=place.device)
         torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN)

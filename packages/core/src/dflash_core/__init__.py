@@ -4,17 +4,17 @@ The library: drafter, KV-injection graph, lossless decoder, training. It never i
 benchmark, the demo builder or a serving engine (see docs/architecture.md for the module map).
 """
 
-from .autoregressive import generate_autoregressive
-from .config import DFlashConfig, build_target_layer_ids
-from .decoding import DecodeStream, GenerationResult, generate, generate_stream
-from .drafter import Drafter, load_drafter
-from .drafter_backend import DrafterBackend, DraftState
-from .errors import CheckpointError, CompatibilityError, ConfigError, DFlashError, GenerationError
-from .loading import Pair, load_pair, load_target, load_tokenizer
-from .masks import block_attention_mask
-from .pairing import check_compatibility, ensure_mask_token
-from .profiling import DecodeProfile
-from .target import TargetModel
+from dflash_core.decode.autoregressive import generate_autoregressive
+from dflash_core.model.config import DFlashConfig, build_target_layer_ids
+from dflash_core.decode.loop import DecodeStream, GenerationResult, generate, generate_stream
+from dflash_core.model.drafter import Drafter, load_drafter
+from dflash_core.model.backend import DrafterBackend, DraftState
+from dflash_core.errors import CheckpointError, CompatibilityError, ConfigError, DFlashError, GenerationError
+from dflash_core.loading import Pair, load_pair, load_target, load_tokenizer
+from dflash_core.model.masks import block_attention_mask
+from dflash_core.target.pairing import check_compatibility, ensure_mask_token
+from dflash_core.decode.profiling import DecodeProfile
+from dflash_core.target.adapter import TargetModel
 
 __version__ = "0.1.0"
 

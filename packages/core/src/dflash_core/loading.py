@@ -12,20 +12,22 @@ from pathlib import Path
 
 import torch
 
-from .auto_dtype import resolve_auto_dtype
-from .config import DFlashConfig
-from .drafter import WEIGHT_FORMATS, load_drafter
-from .drafter_backend import DrafterBackend
-from .dtypes import resolve_dtype, short_name
-from .errors import CompatibilityError
-from .devices import check_device
-from . import packed_weights
-from .packed_weights import packed_matmuls
-from .pairing import check_compatibility, ensure_mask_token
-from .prepacked_linear import prepack_linears
-from .prompts import encode_prompt, end_of_turn_ids  # noqa: F401 (encode_prompt: the front door's)
-from .target import TargetModel
-from .target_checks import (check_loading_info, check_target_weights, check_tokenizer_files, first_line,
+from dflash_core.tuning.auto_dtype import resolve_auto_dtype
+from dflash_core.tuning.plan import Tuning
+from dflash_core.model.config import DFlashConfig
+from dflash_core.model.drafter import WEIGHT_FORMATS, load_drafter
+from dflash_core.model.ort_drafter import load_onnx_drafter
+from dflash_core.model.backend import DrafterBackend
+from dflash_core.dtypes import resolve_dtype, short_name
+from dflash_core.errors import CompatibilityError
+from dflash_core.devices import check_device
+from dflash_core.kernels import packed_weights
+from dflash_core.kernels.packed_weights import packed_matmuls
+from dflash_core.target.pairing import check_compatibility, ensure_mask_token
+from dflash_core.kernels.prepacked_linear import prepack_linears
+from dflash_core.target.prompts import encode_prompt, end_of_turn_ids  # noqa: F401 (encode_prompt: the front door's)
+from dflash_core.target.adapter import TargetModel
+from dflash_core.target.checks import (check_loading_info, check_target_weights, check_tokenizer_files, first_line,
                             read_target_config, read_target_headers)
 
 
@@ -60,17 +62,19 @@ def load_target(path: str | os.PathLike, layer_ids=(), dtype: str | torch.dtype 
 
 
 def load_target_auto(path: str | os.PathLike, layer_ids=(), block_size: int = 16, device: str | torch.device = "cpu",
-                     *, workload: str = "decode") -> tuple[TargetModel, torch.dtype, str]:
+                     *, workload: str = "decode", tuning: Tuning | None = None) -> tuple[TargetModel, torch.dtype, str]:
     """`load_target` in the precision `dtype='auto'` picks: (target, its dtype, one line naming the choice and why).
 
-    The target is loaded in fp32, probed (`dflash_core.auto_dtype`, cached per machine and model) and cast
+    The target is loaded in fp32, probed (`dflash_core.tuning.auto_dtype`; cached per machine and model in
+    `tuning`'s cache directory where it has one) and cast
     to bf16 only where bf16 is measured faster here for `workload`: "decode" (forwards over 1 and
     `block_size` new tokens) or "train" (a training-sized forward; `dflash train`, the demo build's data and
     training): on a CPU without bf16 hardware both are several times faster in fp32, and on one with AMX a
     training batch can gain from bf16 where one decode token does not.
     """
     target = load_target(path, layer_ids, "fp32", device)
-    chosen, reason = resolve_auto_dtype(target.model, block_size, device=torch.device(device), workload=workload)
+    chosen, reason = resolve_auto_dtype(target.model, block_size, device=torch.device(device), workload=workload,
+                                        cache_dir=tuning.cache_dir if tuning is not None else None)
     target.model.to(chosen)
     return target, chosen, reason
 
@@ -98,6 +102,8 @@ class Pair:
     tokenizer: object
     notes: list[str] = field(default_factory=list)
     """One-line remarks for the user (a mask token added, the dtype chosen and why)."""
+    tuning: Tuning = field(default_factory=Tuning)
+    """This machine's measurements for the pair: pass it to `generate(..., tuning=pair.tuning)`."""
 
     def __iter__(self):  # target, drafter, tokenizer = load_pair(...)
         return iter((self.target, self.drafter, self.tokenizer))
@@ -105,27 +111,27 @@ class Pair:
 
 def load_pair(target_dir: str | os.PathLike, drafter_dir: str | os.PathLike, *, dtype: str | torch.dtype = "auto",
               device: str | torch.device | None = None, backend: str = "torch", threads: int = 0,
-              drafter_weights: str = "auto") -> Pair:
+              drafter_weights: str = "auto", tuning: Tuning | None = None) -> Pair:
     """Drafter and target loaded in one precision, checked against each other before anything runs.
 
     dtype "auto" (default): bf16 only where a short measured probe says it is faster for this target
-    on this machine (cached per machine and model; `dflash_core.auto_dtype`), else fp32; the choice
-    and its reason are the first of `notes`. backend "onnxruntime" runs an exported drafter graph (a
+    on this machine (`dflash_core.tuning.auto_dtype`; cached per machine and model where `tuning` has a cache
+    directory), else fp32; the choice and its reason are the first of `notes`. `tuning` (default: a new
+    in-memory `Tuning`, which writes nothing) is returned as `Pair.tuning` for `generate` to reuse. backend "onnxruntime" runs an exported drafter graph (a
     .onnx file or a `dflash-convert --to onnx` directory) with ONNX Runtime on the CPU; the target
     stays in torch. drafter_weights (torch backend): how decoding's drafter matmuls read their weights,
-    "plain", "fp16-packed", "bf16", "bf16-prepacked" (`dflash_core.packed_weights`), or "auto" (default): for an
+    "plain", "fp16-packed", "bf16", "bf16-prepacked" (`dflash_core.kernels.packed_weights`), or "auto" (default): for an
     fp32 drafter on a CPU, bf16 copies where the CPU has bf16 in hardware (AMX-BF16, AVX512-BF16), else
     fp16-packed ones where FBGEMM runs, each matmul then measuring at which row counts its copy beats fp32;
     for a bf16 one, its weights prepacked for oneDNN where that measured faster (plain where none did). The target computes the same numbers it would alone; in bf16 on a CPU its linear layers read weights
-    reordered for oneDNN once instead of at every call (`dflash_core.prepacked_linear`: the same bits, faster).
+    reordered for oneDNN once instead of at every call (`dflash_core.kernels.prepacked_linear`: the same bits, faster).
     """
     if drafter_weights not in ("auto",) + WEIGHT_FORMATS:
         raise ValueError(f"drafter_weights {drafter_weights!r} is not one of auto, {', '.join(WEIGHT_FORMATS)}")
     device = torch.device(device or "cpu")
+    tuning = Tuning() if tuning is None else tuning
     notes: list[str] = []
     if backend == "onnxruntime":
-        from .ort_drafter import load_onnx_drafter
-
         drafter = load_onnx_drafter(drafter_dir, threads=threads)
         if dtype == "auto":  # the graph's precision decides: the target must feed it the same
             dtype = drafter.dtype
@@ -134,7 +140,8 @@ def load_pair(target_dir: str | os.PathLike, drafter_dir: str | os.PathLike, *, 
     else:
         if dtype == "auto":
             config = DFlashConfig.from_pretrained(drafter_dir)
-            target, dtype, reason = load_target_auto(target_dir, config.target_layer_ids, config.block_size, device)
+            target, dtype, reason = load_target_auto(target_dir, config.target_layer_ids, config.block_size, device,
+                                                     tuning=tuning)
             notes.append(f"dtype {reason}")
         else:
             target = None
@@ -150,7 +157,7 @@ def load_pair(target_dir: str | os.PathLike, drafter_dir: str | os.PathLike, *, 
                      "measured faster here)")
     tokenizer = load_tokenizer(target_dir)
     note = ensure_mask_token(tokenizer, drafter.config)
-    return Pair(target, drafter, tokenizer, notes + ([note] if note else []))
+    return Pair(target, drafter, tokenizer, notes + ([note] if note else []), tuning)
 
 
 def _choose_drafter_weights(drafter, requested: str) -> str | None:

@@ -58,16 +58,17 @@ def sglang_side(models: Path, prompt: str, max_new: int) -> tuple[dict, str]:
 
 def core_side(models: Path, prompt: str, max_new: int, dtype: str) -> dict:
     from dflash_core import DecodeProfile, generate, load_pair
+    from dflash_core.tuning.plan import Tuning
     from dflash_core.loading import encode_prompt, stop_token_ids
 
-    pair = load_pair(str(models / "target"), str(models / "drafter"), dtype=dtype, device="cpu")
+    pair = load_pair(str(models / "target"), str(models / "drafter"), dtype=dtype, device="cpu", tuning=Tuning.cached())
     ids = encode_prompt(pair.tokenizer, prompt, "cpu")
     stops = stop_token_ids(pair.target, pair.tokenizer)
-    generate(pair.target, pair.drafter, ids, max_new_tokens=8, stop_token_ids=stops)  # warm-up
+    generate(pair.target, pair.drafter, ids, max_new_tokens=8, stop_token_ids=stops, tuning=pair.tuning)  # warm-up
     figures = {}
     for name, length in (("fixed", pair.drafter.config.block_size - 1), ("auto", "auto")):
         profile = DecodeProfile()
-        result = generate(pair.target, pair.drafter, ids, max_new_tokens=max_new, stop_token_ids=stops,
+        result = generate(pair.target, pair.drafter, ids, max_new_tokens=max_new, stop_token_ids=stops, tuning=pair.tuning,
                           draft_length=length, profile=profile)
         figures[name] = {"tau": result.tau, "tokens_per_s": profile.tokens_per_s(result.num_new_tokens),
                          "text": pair.tokenizer.decode(result.tokens[0], skip_special_tokens=True)}

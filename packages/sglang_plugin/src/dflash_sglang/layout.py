@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dflash_core.config import DFlashConfig
+from dflash_core.model.config import DFlashConfig
 from dflash_core.dtypes import config_name
 from dflash_core.errors import CompatibilityError
 

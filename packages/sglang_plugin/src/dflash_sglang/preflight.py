@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from dflash_core.config import DFlashConfig
+from dflash_core.model.config import DFlashConfig
 from dflash_core.errors import CheckpointError, ConfigError
-from dflash_core.manifest import MANIFEST, manifest_problems
+from dflash_core.files.manifest import MANIFEST, manifest_problems
 
 logger = logging.getLogger("dflash_sglang")
 

@@ -16,11 +16,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dflash_core.config import DFlashConfig
+from dflash_core.model.config import DFlashConfig
 from dflash_core.dtypes import config_name, short_name
 from dflash_core.errors import DFlashError
-from dflash_core.fileio import sha256_files
-from dflash_core.manifest import MANIFEST
+from dflash_core.files.atomic import sha256_files
+from dflash_core.files.manifest import MANIFEST
 
 from .cpu import STAND_IN_DIR
 from .cpu.patches import CPU_ENGINE_ENV

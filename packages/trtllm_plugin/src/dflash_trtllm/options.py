@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dflash_core.config import DFlashConfig
+from dflash_core.model.config import DFlashConfig
 from dflash_core.errors import ConfigError
 
 # field -> accepted Python types (the subset of DecodingBaseConfig + DFlashDecodingConfig we emit or accept)

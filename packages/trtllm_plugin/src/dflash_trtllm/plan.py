@@ -11,7 +11,7 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_core.config import DFlashConfig
+from dflash_core.model.config import DFlashConfig
 
 
 @dataclass(frozen=True)

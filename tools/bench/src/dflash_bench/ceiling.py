@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from dflash_core.cost_table import VerifyCostTable
+from dflash_core.tuning.cost_table import VerifyCostTable
 
 
 def acceptance_by_position(acceptance_lengths: Sequence[Sequence[int]], block_size: int) -> tuple[float, ...]:

@@ -20,8 +20,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dflash_core.autoregressive import generate_autoregressive
-from dflash_core.decoding import generate
+from dflash_core.tuning.plan import Tuning
+from dflash_core.decode.autoregressive import generate_autoregressive
+from dflash_core.decode.loop import generate
 from dflash_core.dtypes import SHORT_NAMES, precision
 from dflash_core.loading import encode_prompt, load_pair, load_target, stop_token_ids
 from dflash_core.training.data import read_prompts
@@ -49,7 +50,7 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 
 
 def measure(target_dir: Path, drafter_dir: Path, prompts: list[str], *, dtype: str, max_new_tokens: int) -> dict:
-    pair = load_pair(target_dir, drafter_dir, dtype=dtype, device="cpu")
+    pair = load_pair(target_dir, drafter_dir, dtype=dtype, device="cpu", tuning=Tuning.cached())
     reference = load_target(target_dir, pair.drafter.config.target_layer_ids, "fp32")
     stops = stop_token_ids(pair.target, pair.tokenizer)
     rows = []
@@ -57,7 +58,7 @@ def measure(target_dir: Path, drafter_dir: Path, prompts: list[str], *, dtype: s
         ids = encode_prompt(pair.tokenizer, prompt, "cpu")
         kwargs = {"max_new_tokens": max_new_tokens, "stop_token_ids": stops}
         alone = generate_autoregressive(pair.target, ids, **kwargs).tokens[0]
-        spec = generate(pair.target, pair.drafter, ids, **kwargs).tokens[0]
+        spec = generate(pair.target, pair.drafter, ids, tuning=pair.tuning, **kwargs).tokens[0]
         at = first_divergence(alone, spec)
         if at is None or at >= min(len(alone), len(spec)):
             continue

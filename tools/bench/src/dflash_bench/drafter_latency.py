@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dflash_core.config import DFlashConfig
-from dflash_core.drafter import Drafter
+from dflash_core.model.config import DFlashConfig
+from dflash_core.model.drafter import Drafter
 from dflash_core.dtypes import resolve_dtype
 
 from .report import plot_lines, write_report

@@ -20,13 +20,12 @@ from typing import Sequence
 import torch
 from tqdm import tqdm
 
-from dflash_core.decoding import as_target
-from dflash_core.cost_table import cost_table_for
-from dflash_core.draft_length import restore_histories, saved_histories
+from dflash_core.decode.loop import as_target
+from dflash_core.tuning.plan import Tuning
 from dflash_core.dtypes import short_name
 from dflash_core.errors import DFlashError
 from dflash_core.loading import Pair, encode_prompt, load_pair, stop_token_ids
-from dflash_core.sampling import SamplingParams
+from dflash_core.sampling.tokens import SamplingParams
 from dflash_core.training.data import read_prompts
 
 from .ceiling import acceptance_by_position, ceiling_speedup
@@ -107,14 +106,15 @@ def compare(pair: Pair, prompt_ids: Sequence[Sequence[int]], settings: DecodeSet
     # what `generate`'s draft-length policy learnt from earlier requests, kept per method (as if each method had
     # the process to itself) and replayed by every round of a batch (the rounds are repeats, not more requests);
     # the warm-up teaches nothing
-    fresh = saved_histories(pair.drafter)
+    tuning = pair.tuning
+    fresh = tuning.saved_histories(pair.drafter)
     learnt = {method: fresh for method in methods}
     for method in methods:
         try:
             runners[method](pair, batches[0], warm)
         except NotApplicable as exc:
             result.not_applicable[method] = str(exc)
-        restore_histories(pair.drafter, fresh)
+        tuning.restore_histories(pair.drafter, fresh)
     active = [m for m in methods if m not in result.not_applicable]
     for j, batch in enumerate(tqdm(batches, desc=label, unit="batch", dynamic_ncols=True, leave=False)):
         seeded = replace(settings, seed=settings.seed + j)
@@ -123,15 +123,15 @@ def compare(pair: Pair, prompt_ids: Sequence[Sequence[int]], settings: DecodeSet
         for round_ in range(repeats):
             turn = (j + round_) % len(active)
             for method in active[turn:] + active[:turn]:
-                restore_histories(pair.drafter, before[method])
+                tuning.restore_histories(pair.drafter, before[method])
                 run = runners[method](pair, batch, seeded)
-                learnt[method] = saved_histories(pair.drafter)
+                learnt[method] = tuning.saved_histories(pair.drafter)
                 if method not in fastest or run.seconds < fastest[method].seconds:
                     fastest[method] = run
         for method in active:
             result.runs[method].append(fastest[method])
         result.batches.append(batch.prompts)
-    restore_histories(pair.drafter, fresh)  # the next comparison starts where this one did
+    tuning.restore_histories(pair.drafter, fresh)  # the next comparison starts where this one did
     if settings.temperature == 0:
         result.compared = True
         for method in active[1:]:
@@ -203,7 +203,7 @@ def add_ceiling(rows: list[dict], comparison: Comparison, pair: Pair, settings: 
     c_j = max_k E(k) T(0) / T(k); over all batches, the time-weighted ceiling sum(n_j) / sum(n_j / c_j)
     (n_j: tokens of batch j), i.e. a loop that knew each prompt's acceptance and always verified its best
     k. Needs both methods in the comparison; the cost table is the one `generate`'s draft-length policy
-    used (`cost_table_for`, cached per machine, pair and way of choosing tokens).
+    used (`pair.tuning`'s, cached per machine, pair and way of choosing tokens).
     """
     full = comparison.runs.get("dflash_full")
     measured = [r for r in rows if r["method"] in ("dflash", "dflash_drafter") and "n/a" not in r]
@@ -211,7 +211,7 @@ def add_ceiling(rows: list[dict], comparison: Comparison, pair: Pair, settings: 
         return
     block = pair.drafter.config.block_size
     sampling = SamplingParams(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k)
-    costs = cost_table_for(as_target(pair.target, pair.drafter), pair.drafter, sampling=sampling)
+    costs = pair.tuning.cost_table(as_target(pair.target, pair.drafter), pair.drafter, sampling)
     tokens, ceiling_time, per_batch = 0, 0.0, []
     for run in full:
         acceptance = acceptance_by_position(run.acceptance_lengths, block)
@@ -278,7 +278,8 @@ def measure_pair(spec: PairSpec, texts: Sequence[str], *, methods: Sequence[str]
 
     dtype "auto" is resolved by `load_pair` (a measured probe); every row records the dtype used.
     """
-    pair = load_pair(spec.target, spec.drafter, dtype=dtype, device=device, backend=spec.backend)
+    pair = load_pair(spec.target, spec.drafter, dtype=dtype, device=device, backend=spec.backend,
+                     tuning=Tuning.cached())
     if "assisted" in methods:  # the assistant lives beside the pair's target
         runners = (runners or RUNNERS) | {"assisted": assisted_runner(spec.assistant)}
     used = short_name(pair.target.dtype)

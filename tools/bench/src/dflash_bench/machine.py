@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from dflash_core.auto_dtype import cpu_kernels
+from dflash_core.tuning.auto_dtype import cpu_kernels
 
 # environment variables that make torch run lesser kernels than the CPU has (an AVX2-only CPU, emulated)
 KERNEL_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")

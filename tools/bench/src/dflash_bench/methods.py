@@ -20,11 +20,11 @@ from typing import Protocol, Sequence
 
 import torch
 
-from dflash_core.autoregressive import generate_autoregressive
-from dflash_core.decoding import generate
+from dflash_core.decode.autoregressive import generate_autoregressive
+from dflash_core.decode.loop import generate
 from dflash_core.errors import CompatibilityError, DFlashError
 from dflash_core.loading import Pair
-from dflash_core.profiling import DecodeProfile, sync_device
+from dflash_core.decode.profiling import DecodeProfile, sync_device
 
 PROMPT_LOOKUP_TOKENS = 10
 """Drafts per step of Hugging Face prompt lookup (`prompt_lookup_num_tokens`), its documented example."""
@@ -105,7 +105,7 @@ def run_dflash(pair: Pair, batch: PromptBatch, settings: DecodeSettings, *,
     profile = DecodeProfile()
     result = generate(pair.target, pair.drafter, batch.input_ids, attention_mask=batch.attention_mask,
                       draft_length=draft_length, context_lookup=context_lookup, confidence_trim=confidence_trim,
-                      profile=profile, **_sampling(settings))
+                      profile=profile, tuning=pair.tuning, **_sampling(settings))
     return MethodRun(result.tokens, profile.total_s, profile, result.acceptance_lengths)
 
 
@@ -121,13 +121,13 @@ def run_dflash_full(pair: Pair, batch: PromptBatch, settings: DecodeSettings) ->
 
 def run_dflash_trimmed(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRun:
     """DFlash defaults plus trimming each step's drafts by the drafter's confidence (`generate(...,
-    confidence_trim=True)`, `dflash_core.draft_confidence`): what the trimming buys, side by side with `dflash`."""
+    confidence_trim=True)`, `dflash_core.decode.draft_confidence`): what the trimming buys, side by side with `dflash`."""
     return run_dflash(pair, batch, settings, confidence_trim=True)
 
 
 def run_dflash_plain_weights(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRun:
     """DFlash defaults with the drafter reading its own weights, where it decodes fp16-packed or bf16 copies
-    (`dflash_core.packed_weights`): what the copies buy, side by side with `dflash`."""
+    (`dflash_core.kernels.packed_weights`): what the copies buy, side by side with `dflash`."""
     return _dflash_with_weights(pair, batch, settings, "plain")
 
 

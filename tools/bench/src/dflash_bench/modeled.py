@@ -5,7 +5,7 @@ next, and on 24 prompts the decoder's knife-edge choices (drafter or copy, how m
 much (docs/benchmarks.md, "Sixty-four stages"): too coarse to tell two neighbouring drafters apart. Here
 `generate` itself decodes each prompt (greedy, batch 1, its defaults unless told otherwise) and records
 every step (`DecodeProfile.step_log`); each step is then charged what the decoder's own cost table
-(`dflash_core.cost_table.cost_table_for`, the one its draft-length policy decides by) says it costs:
+(`Tuning.cost_table`, the one its draft-length policy decides by) says it costs:
 
     plain step      T(1)
     drafter step    T(k+1) + the drafter's pass and read-out of k drafts (`VerifyCostTable.drafting`)
@@ -34,11 +34,12 @@ from typing import Sequence
 
 from tqdm import tqdm
 
-from dflash_core.decoding import generate
-from dflash_core.cost_table import VerifyCostTable, cost_table_for
-from dflash_core.draft_length import DraftLengthPolicy, history_for
+from dflash_core.decode.loop import generate
+from dflash_core.tuning.cost_table import VerifyCostTable
+from dflash_core.tuning.draft_length import DraftLengthPolicy
+from dflash_core.tuning.plan import Tuning
 from dflash_core.loading import Pair, encode_prompt, stop_token_ids
-from dflash_core.profiling import DecodeProfile, StepRecord
+from dflash_core.decode.profiling import DecodeProfile, StepRecord
 
 SOURCES = ("drafter", "lookup", "plain")
 MEASURED = ("prefill_s", "decode_s", "verify_s", "draft_s")
@@ -110,14 +111,14 @@ def modeled_decode(pair: Pair, texts: Sequence, *, max_new_tokens: int, draft_le
                    label: str = "") -> ModeledDecode:
     """Decode each prompt alone with `generate` (greedy) and price its steps by `costs` (default: the pair's
     cost table). With "auto" the draft-length policy decides by the same table, learning across the prompts
-    as `generate`'s own does (`history_for`)."""
+    as `generate`'s own does (`Tuning.history`)."""
     stops = stop_token_ids(pair.target, pair.tokenizer)
-    run = ModeledDecode(costs or cost_table_for(pair.target, pair.drafter))
+    run = ModeledDecode(costs or pair.tuning.cost_table(pair.target, pair.drafter))
     block = pair.drafter.config.block_size
     for text in tqdm(texts, desc=f"modeled decode {label}".rstrip(), unit="prompt", dynamic_ncols=True):
         ids = encode_prompt(pair.tokenizer, text, pair.target.device)
         profile = DecodeProfile(step_log=[])
-        policy = (DraftLengthPolicy(run.costs, block, history=history_for(pair.drafter)) if draft_length == "auto"
+        policy = (DraftLengthPolicy(run.costs, block, history=pair.tuning.history(pair.drafter)) if draft_length == "auto"
                   else draft_length)
         result = generate(pair.target, pair.drafter, ids, max_new_tokens=max_new_tokens, stop_token_ids=stops,
                           draft_length=policy, context_lookup=context_lookup, profile=profile)
@@ -175,11 +176,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         fixed = read_costs(args.costs) if args.costs else None
         texts = read_prompts(args.prompts)[: args.count]
-        runs = {}
+        runs, tuning = {}, Tuning.cached()
         for number, drafter in enumerate(args.drafters, 1):
-            pair = load_pair(args.target, drafter, dtype=args.dtype, drafter_weights=args.drafter_weights)
-            # cost_table_for keeps one table per pair key (machine, shapes, read-out, weights) for the process
-            costs = fixed or cost_table_for(pair.target, pair.drafter)
+            pair = load_pair(args.target, drafter, dtype=args.dtype, drafter_weights=args.drafter_weights,
+                             tuning=tuning)
+            # the Tuning keeps one table per pair key (machine, shapes, read-out, weights)
+            costs = fixed or pair.tuning.cost_table(pair.target, pair.drafter)
             name = str(drafter) if str(drafter) not in runs else f"{drafter} #{number}"  # the same one twice: a check
             runs[name] = modeled_decode(pair, texts, max_new_tokens=args.max_new_tokens, draft_length=draft_length,
                                         context_lookup=not args.no_context_lookup, costs=costs, label=drafter.name)

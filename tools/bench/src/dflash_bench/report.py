@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from dflash_core.fileio import atomic_file, write_json
+from dflash_core.files.atomic import atomic_file, write_json
 from .machine import describe, one_line
 
 

@@ -9,7 +9,7 @@ picks one from what each has achieved so far. This measures how much a better ch
    would have had accepted there: the drafter's whole block drafted from the target's features of
    tokens < p (what the decoder's drafter sees), and the lookup copy of the history up to p;
 3. decoding replayed from those numbers under a rule that picks the source per step, each step
-   charged by the machine's cost table (`dflash_core.cost_table.cost_table_for`, the decoder's own).
+   charged by the machine's cost table (`Tuning.cost_table`, the decoder's own).
 
 "oracle" picks, knowing both outcomes, the one of drafter / lookup / plain step with the most tokens
 per second: no rule that decides before verifying can beat it, so oracle / the decoder's rule bounds
@@ -31,10 +31,11 @@ from typing import Callable, Sequence
 import torch
 from tqdm import tqdm
 
-from dflash_core.autoregressive import generate_autoregressive
-from dflash_core.context_lookup import NgramIndex
-from dflash_core.cost_table import VerifyCostTable
-from dflash_core.draft_vocab import read_out_for
+from dflash_core.tuning.plan import Tuning
+from dflash_core.decode.autoregressive import generate_autoregressive
+from dflash_core.decode.context_lookup import NgramIndex
+from dflash_core.tuning.cost_table import VerifyCostTable
+from dflash_core.model.draft_vocab import read_out_for
 
 
 @dataclass
@@ -138,7 +139,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     import shlex
     import sys
 
-    from dflash_core.cost_table import cost_table_for
     from dflash_core.loading import encode_prompt, load_pair, stop_token_ids
     from dflash_core.training.data import read_prompts
 
@@ -156,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.count < 1 or args.max_new_tokens < 2:
         parser.error(f"--count must be >= 1 and --max-new-tokens >= 2, got {args.count} and {args.max_new_tokens}")
-    pair = load_pair(args.target, args.drafter, dtype=args.dtype)
+    pair = load_pair(args.target, args.drafter, dtype=args.dtype, tuning=Tuning.cached())
     stops = stop_token_ids(pair.target, pair.tokenizer)
     rows = []
     for text in tqdm(read_prompts(args.prompts)[: args.count], desc="both sources at every position"):
@@ -164,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         output = generate_autoregressive(pair.target, prompt, max_new_tokens=args.max_new_tokens,
                                          stop_token_ids=stops).tokens[0]
         rows.append(position_acceptance(pair.target, pair.drafter, prompt[0].tolist(), output))
-    costs = cost_table_for(pair.target, pair.drafter)
+    costs = pair.tuning.cost_table(pair.target, pair.drafter)
     results = {name: replay(rows, costs, rule) for name, rule in RULES.items()}
     command = "python -m dflash_bench.source_choice " + shlex.join(sys.argv[1:] if argv is None else list(argv))
     write_report(args.out, args.name, title="Draft source per step: rules replayed on both sources' acceptance",

@@ -10,7 +10,7 @@ Measured on one pair, after a cached context of `--context` tokens, each the fas
   final hidden) + LM head + argmax over q tokens, the verification the decoder really runs;
 - drafting, in each weight format the drafter can decode with (plain; fp16-packed for an fp32 drafter
   on a CPU with FBGEMM; bf16 copies where the CPU has bf16 in hardware; rows marked [plain] /
-  [fp16-packed] / [bf16]; `dflash_core.packed_weights`): one block
+  [fp16-packed] / [bf16]; `dflash_core.kernels.packed_weights`): one block
   pass (`draft_with_cache`), the read-out of k drafts as greedy decoding does it, and the KV
   injection of one accepted token (`extend_cache`); then a whole drafting step (injection of one
   token, block pass, read-out of one draft) timed twice: back to back, and right after a verify of
@@ -29,12 +29,13 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from dflash_core.draft_vocab import read_out_for
+from dflash_core.tuning.plan import Tuning
+from dflash_core.model.draft_vocab import read_out_for
 from dflash_core.dtypes import SHORT_NAMES, short_name
 from dflash_core.loading import load_pair
-from dflash_core.profiling import sync_device
-from dflash_core.target import TargetModel, cache_argument
-from dflash_core.target_cache import truncate_cache
+from dflash_core.decode.profiling import sync_device
+from dflash_core.target.adapter import TargetModel, cache_argument
+from dflash_core.target.cache import truncate_cache
 
 from .report import write_report
 
@@ -88,7 +89,7 @@ def measure(pair, *, context: int, repeats: int, compile_draft: bool = False) ->
 
 
 def _possible_formats(drafter) -> tuple[str, ...]:
-    from dflash_core.packed_weights import bf16_matmuls_supported, fp16_packing_supported
+    from dflash_core.kernels.packed_weights import bf16_matmuls_supported, fp16_packing_supported
 
     checks = (("fp16-packed", fp16_packing_supported), ("bf16", bf16_matmuls_supported))
     return ("plain",) + tuple(name for name, supported in checks if supported(drafter.device, drafter.dtype))
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("docs/results"))
     parser.add_argument("--name", default="step_cost")
     args = parser.parse_args(argv)
-    pair = load_pair(args.target, args.drafter, dtype=args.dtype, device=args.device)
+    pair = load_pair(args.target, args.drafter, dtype=args.dtype, device=args.device, tuning=Tuning.cached())
     result = measure(pair, context=args.context, repeats=args.repeats, compile_draft=args.compile)
     dtype = short_name(pair.target.dtype)
     rows = [[name, seconds * 1e3 if isinstance(seconds, float) else seconds,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from dflash_core.dtypes import SHORT_NAMES
 from dflash_core.errors import DFlashError
-from dflash_core.fileio import atomic_directory, guard_output
+from dflash_core.files.atomic import atomic_directory, guard_output
 
 from . import __version__
 from .errors import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_MISSING, EXIT_VERIFY, MissingRequirement, VerificationFailed

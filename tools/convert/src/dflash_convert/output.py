@@ -12,8 +12,8 @@ from tqdm import tqdm
 
 from dflash_core.dtypes import resolve_dtype
 from dflash_core.errors import CheckpointError
-from dflash_core.fileio import write_json
-from dflash_core.manifest import MANIFEST, build_manifest
+from dflash_core.files.atomic import write_json
+from dflash_core.files.manifest import MANIFEST, build_manifest
 
 from . import __version__
 

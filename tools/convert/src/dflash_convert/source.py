@@ -8,11 +8,11 @@ from typing import Any, Mapping
 
 import torch
 
-from dflash_core.checkpoint import INDEX_FILE, check_drafter_tensors, load_tensors, weight_files
-from dflash_core.config import DFlashConfig
+from dflash_core.model.checkpoint import INDEX_FILE, check_drafter_tensors, load_tensors, weight_files
+from dflash_core.model.config import DFlashConfig
 from dflash_core.errors import CheckpointError
-from dflash_core.fileio import sha256_files
-from dflash_core.textfiles import read_json_object
+from dflash_core.files.atomic import sha256_files
+from dflash_core.files.text import read_json_object
 from dflash_core.training.train_state import STATE_FILE
 
 # Deployable outputs never ask an engine to run code from the checkpoint: the published format needs neither key.
@@ -76,7 +76,7 @@ def without_remote_code(value: Any) -> Any:
 
 def drafter_from_source(source: Source, dtype: torch.dtype = torch.float32):
     """A torch Drafter holding the source weights (the reference every artefact is checked against)."""
-    from dflash_core.drafter import Drafter
+    from dflash_core.model.drafter import Drafter
 
     drafter = Drafter(source.config)
     drafter.load_state_dict({k: v.to(torch.float32) for k, v in source.tensors.items()}, strict=True)

@@ -13,11 +13,11 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from dflash_core.checkpoint import check_weight_values, read_header
-from dflash_core.config import DFlashConfig
+from dflash_core.model.checkpoint import check_weight_values, read_header
+from dflash_core.model.config import DFlashConfig
 from dflash_core.errors import CompatibilityError
-from dflash_core.pairing import check_compatibility, ensure_mask_token
-from dflash_core.textfiles import json_type, read_json_object
+from dflash_core.target.pairing import check_compatibility, ensure_mask_token
+from dflash_core.files.text import json_type, read_json_object
 
 EXPECTED_CONFIG = "the target's Hugging Face config"
 

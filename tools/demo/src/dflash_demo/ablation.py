@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from dflash_core.fileio import write_json
+from dflash_core.files.atomic import write_json
 from dflash_core.loading import load_tokenizer
-from dflash_core.textfiles import read_json_object
+from dflash_core.files.text import read_json_object
 from dflash_core.training.data import TokenDataset, read_prompts
 from dflash_core.training.recipe import TrainConfig
 from dflash_core.training.train_state import STATE_FILE

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from dflash_core.fileio import atomic_file, write_json
+from dflash_core.files.atomic import atomic_file, write_json
 from .corpus import CorpusSplit, split_corpus
 from .target_lm import TargetRecipe, encode_documents, train_target_lm
 from .prompts import code_prompts
@@ -328,8 +328,8 @@ def publish_drafter(run: Path, dest: Path, read_out_list_from: Path | None = Non
     """
     import shutil
 
-    from dflash_core.draft_vocab import DRAFT_VOCAB_FILE
-    from dflash_core.fileio import atomic_directory
+    from dflash_core.model.draft_vocab import DRAFT_VOCAB_FILE
+    from dflash_core.files.atomic import atomic_directory
 
     with atomic_directory(dest, overwrite=True) as tmp:
         for name in ("config.json", "model.safetensors"):

@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     import json
     import sys
 
-    from dflash_core.fileio import atomic_file
+    from dflash_core.files.atomic import atomic_file
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="JSONL file to write (atomically)")

@@ -25,8 +25,8 @@ from typing import Sequence
 import torch
 from tqdm import tqdm
 
-from dflash_core.drafter import load_drafter
-from dflash_core.target import TargetModel
+from dflash_core.model.drafter import load_drafter
+from dflash_core.target.adapter import TargetModel
 from dflash_core.training.batches import make_batch
 from dflash_core.training.data import TokenDataset
 from dflash_core.training.objective import block_hidden, committed_per_anchor, tokens_per_step
@@ -119,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         scores.append(dev_score(target, drafter, data, autocast_bf16=bf16, limit=args.limit))
         print(json.dumps(scores[-1]), flush=True)
     if args.out is not None:
-        from dflash_core.fileio import write_json
+        from dflash_core.files.atomic import write_json
 
         write_json(args.out, {"data": str(args.data), "anchors": ANCHORS, "seed": SEED, "scores": scores})
     return 0

@@ -25,7 +25,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
-from dflash_core.fileio import write_json
+from dflash_core.files.atomic import write_json
 from dflash_core.training.data import read_prompts
 
 from .build import DemoRecipe, build_continuations, build_data, build_drafter, publish_drafter, write_jsonl

@@ -13,7 +13,7 @@ from typing import Sequence
 
 from tqdm import tqdm
 
-from dflash_core.decoding import generate
+from dflash_core.decode.loop import generate
 from dflash_core.loading import encode_prompt, load_pair, stop_token_ids
 
 
@@ -82,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m dflash_demo.heldout`: held-out tau of a pair into a JSON file (atomically)."""
     import json
 
-    from dflash_core.config import DFlashConfig
-    from dflash_core.fileio import write_json
+    from dflash_core.model.config import DFlashConfig
+    from dflash_core.files.atomic import write_json
     from dflash_core.training.data import read_prompts
 
     parser = argparse.ArgumentParser(description=__doc__)

@@ -33,8 +33,8 @@ from typing import Sequence
 import torch
 from tqdm import tqdm
 
-from dflash_core.sampling import SamplingParams, greedy_tokens, warp_logits
-from dflash_core.target import cache_argument
+from dflash_core.sampling.tokens import SamplingParams, greedy_tokens, warp_logits
+from dflash_core.target.adapter import cache_argument
 
 
 def next_distributions(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m dflash_demo.marginal_ceiling`: the ceiling for a target into a JSON file (atomically)."""
     import json
 
-    from dflash_core.fileio import write_json
+    from dflash_core.files.atomic import write_json
     from dflash_core.loading import encode_prompt, load_target, load_tokenizer
     from dflash_core.training.data import read_prompts
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Sequence
 
 from dflash_core.errors import DataError
-from dflash_core.textfiles import read_json_object
+from dflash_core.files.text import read_json_object
 
 SETTINGS = (("fp32", "T=0"), ("fp32", "T=1"), ("bf16", "T=0"), ("bf16", "T=1"))
 

@@ -1,22 +1,28 @@
 """`dflash demo`: stream a held-out completion with DFlash, then measure it against the target alone and
-Hugging Face prompt lookup (one closing line), and DFlash against the target alone over several prompts."""
+Hugging Face prompt lookup (one closing line), and DFlash against the target alone over several prompts.
+
+The streamed completion stops where a code-completion server would stop it: at the end of the block the
+prompt ends in (the first line indented no deeper than the prompt's last `def` / `class`, as Codex-style
+stop sequences "\ndef", "\nclass" do), or at --max-new-tokens. All three runs are then timed over exactly
+those tokens, so the figures measure the method on the text a user would see, not on a loop past it."""
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
-from dflash_core.autoregressive import generate_autoregressive
-from dflash_core.decoding import generate_stream
+from dflash_core.decode.autoregressive import generate_autoregressive
+from dflash_core.decode.loop import generate, generate_stream
 from dflash_core.errors import DFlashError
 from dflash_core.dtypes import short_name
 from dflash_core.loading import Pair, encode_prompt, load_pair, stop_token_ids
-from dflash_core.profiling import DecodeProfile
-from dflash_core.text_stream import TextStream
+from dflash_core.decode.profiling import DecodeProfile
 from dflash_core.training.data import read_prompts
-from dflash_core.warmup import warm_up
+from dflash_core.decode.warmup import warm_up
+from dflash_core.tuning.plan import Tuning
 
 # Printed when greedy outputs part in reduced precision; docs/benchmarks.md has the measurements.
 ROUNDING_NOTE = ("note: in {dtype}, scoring 16 tokens at once and 1 token at a time round logits differently; where "
@@ -40,6 +46,10 @@ class DemoRequest:
     draft_length: int | str = "auto"
     context_lookup: bool = True
     device: str = "cpu"
+    tuning: Tuning | None = None
+    stop_at_block_end: bool = True
+    """Stop the streamed completion at the end of the block its prompt ends in (`block_end`)."""
+    """Where this machine's measurements live (None: in memory for this run)."""
 
     @property
     def sampling(self) -> dict:
@@ -55,7 +65,8 @@ def run_demo(request: DemoRequest) -> None:
         raise DFlashError(f"--prompt-index is {request.prompt_index}, expected 0..{len(prompts) - 1} "
                           f"({len(prompts)} prompts in {models / 'heldout.jsonl'}).")
     prompt = prompts[request.prompt_index]
-    pair = load_pair(models / "target", models / "drafter", dtype=request.dtype, device=request.device)
+    pair = load_pair(models / "target", models / "drafter", dtype=request.dtype, device=request.device,
+                     tuning=request.tuning)
     dtype = short_name(pair.target.dtype)
     for note in pair.notes:
         print(f"note: {note}", file=sys.stderr)
@@ -68,8 +79,8 @@ def run_demo(request: DemoRequest) -> None:
           file=sys.stderr)
     print(f"held-out prompt #{request.prompt_index} ({ids.shape[1]} tokens):", file=sys.stderr)
     print(prompt, end="")
-    warm_up(pair.target, pair.drafter, ids, stops)
-    streamed = _stream_one(pair, ids, stops, request)
+    warm_up(pair.target, pair.drafter, ids, stops, pair.tuning)
+    streamed = _stream_one(pair, ids, stops, request, prompt)
     all_identical = streamed.identical
     if request.summary_prompts:
         all_identical &= _summary(pair, prompts[: request.summary_prompts], stops, request)
@@ -84,6 +95,7 @@ class StreamedPrompt:
 
     tokens: int
     tau: float
+    drafter_steps: int
     lookup_steps: int
     steps: int
     dflash_tok_s: float
@@ -106,8 +118,10 @@ class StreamedPrompt:
 
     def line(self, *, greedy: bool) -> str:
         d, t, p = self.dflash_tok_s, self.target_tok_s, self.lookup_tok_s
-        copied = f", {self.lookup_steps} of {self.steps} steps copied from the context" if self.lookup_steps else ""
-        text = (f"this prompt: {self.tokens} tokens | DFlash {d:.1f} tok/s (tau {self.tau:.2f}{copied}) | target alone "
+        plain = self.steps - self.drafter_steps - self.lookup_steps
+        sources = (f"{self.steps} steps: {self.drafter_steps} drafter, {self.lookup_steps} context lookup, "
+                   f"{plain} plain")
+        text = (f"this prompt: {self.tokens} tokens | DFlash {d:.1f} tok/s (tau {self.tau:.2f}; {sources}) | target alone "
                 f"{t:.1f} tok/s | prompt lookup {p:.1f} tok/s | DFlash {d / t:.2f}x the target alone and "
                 f"{d / p:.2f}x prompt lookup (prompt lookup {p / t:.2f}x)")
         if greedy:
@@ -123,32 +137,72 @@ def _parts(position: int | None) -> str:
     return "yes" if position is None else f"NO (from new token {position})"
 
 
-def _stream_one(pair: Pair, ids, stops: list[int], request: DemoRequest) -> StreamedPrompt:
-    """Stream DFlash's completion, then run the target alone and prompt lookup on the same prompt."""
+def block_end(prompt: str, completion: str) -> int | None:
+    """Where `completion` leaves the block `prompt` ends in: the index of its first non-blank line indented no
+    deeper than the prompt's last `def` / `class` line, once the completion has a line of its own before it
+    (None: not yet, or the prompt has no such line)."""
+    headers = re.findall(r"^([ \t]*)(?:async def|def|class)\b", prompt, re.M)
+    if not headers:
+        return None
+    depth, start, seen_body = len(headers[-1].expandtabs()), 0, False
+    for line in completion.split("\n")[:-1]:  # complete lines only: the last may still grow
+        stripped = line.strip()
+        if stripped and seen_body and len(line) - len(line.lstrip()) <= depth:
+            return start
+        seen_body |= bool(stripped)
+        start += len(line) + 1
+    return None
+
+
+def _tokens_before(tokenizer, tokens: list[int], end: int) -> int:
+    """How many of `tokens` decode to text within the first `end` characters."""
+    n = len(tokens)
+    while n and len(tokenizer.decode(tokens[:n])) > end:
+        n -= 1
+    return n
+
+
+def _stream_one(pair: Pair, ids, stops: list[int], request: DemoRequest, prompt: str) -> StreamedPrompt:
+    """Stream DFlash's completion to the end of its block, then time DFlash, the target alone and prompt lookup
+    over exactly those tokens on the same prompt."""
     from dflash_bench.methods import DecodeSettings, PromptBatch, first_difference, run_prompt_lookup
 
-    settings = DecodeSettings(request.max_new_tokens, tuple(stops), **request.sampling)
-    batch = PromptBatch.of(ids.tolist(), [request.prompt_index], pad_id=0, device=request.device)
-    run_prompt_lookup(pair, batch, replace(settings, max_new_tokens=8))  # warm-up, untimed
-    printer = TextStream(pair.tokenizer)
     bold = sys.stdout.isatty()
     sys.stdout.write("\033[1m") if bold else None
-    profile = DecodeProfile()
-    stream = generate_stream(pair.target, pair.drafter, ids, max_new_tokens=request.max_new_tokens,
+    tokens: list[int] = []
+    printed = 0  # characters of the completion written so far: whole lines, so a cut never takes back text
+    stream = generate_stream(pair.target, pair.drafter, ids, max_new_tokens=request.max_new_tokens, tuning=pair.tuning,
                              stop_token_ids=stops, draft_length=request.draft_length,
-                             context_lookup=request.context_lookup, profile=profile,
-                             **request.sampling)
+                             context_lookup=request.context_lookup, **request.sampling)
+    end = None
     for chunk in stream:
-        printer.push(chunk[0])
-    printer.push([], final=True)
+        tokens += chunk[0]
+        text = pair.tokenizer.decode(tokens)
+        end = block_end(prompt, text) if request.stop_at_block_end else None
+        upto = end if end is not None else text.rfind("\n") + 1
+        sys.stdout.write(text[printed:upto])
+        sys.stdout.flush()
+        printed = max(printed, upto)
+        if end is not None:
+            tokens = tokens[: _tokens_before(pair.tokenizer, tokens, end)]
+            break
+    if end is None:
+        sys.stdout.write(pair.tokenizer.decode(tokens)[printed:])
     sys.stdout.write("\033[0m\n") if bold else print()
-    result = stream.result
+    count = max(1, len(tokens))
+    settings = DecodeSettings(count, tuple(stops), **request.sampling)
+    batch = PromptBatch.of(ids.tolist(), [request.prompt_index], pad_id=0, device=request.device)
+    run_prompt_lookup(pair, batch, replace(settings, max_new_tokens=8))  # warm-up, untimed
+    profile = DecodeProfile()
+    result = generate(pair.target, pair.drafter, ids, max_new_tokens=count, tuning=pair.tuning, stop_token_ids=stops,
+                      draft_length=request.draft_length, context_lookup=request.context_lookup, profile=profile,
+                      **request.sampling)
     ar_profile = DecodeProfile()
-    ar = generate_autoregressive(pair.target, ids, max_new_tokens=request.max_new_tokens, stop_token_ids=stops,
-                                 profile=ar_profile, **request.sampling)
+    ar = generate_autoregressive(pair.target, ids, max_new_tokens=count, stop_token_ids=stops, profile=ar_profile,
+                                 **request.sampling)
     lookup = run_prompt_lookup(pair, batch, settings)
-    return StreamedPrompt(tokens=len(result.tokens[0]), tau=result.tau, lookup_steps=profile.lookup_steps,
-                          steps=len(result.acceptance_lengths[0]),
+    return StreamedPrompt(tokens=len(result.tokens[0]), tau=result.tau, drafter_steps=profile.drafter_steps,
+                          lookup_steps=profile.lookup_steps, steps=len(result.acceptance_lengths[0]),
                           dflash_tok_s=profile.tokens_per_s(result.num_new_tokens),
                           target_tok_s=ar_profile.tokens_per_s(ar.num_new_tokens),
                           lookup_tok_s=len(lookup.tokens[0]) / lookup.seconds,

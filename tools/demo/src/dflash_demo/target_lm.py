@@ -157,7 +157,7 @@ def train_target_lm(
 
 def save_target(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> Path:
     """Hugging Face format in bf16 (the demo's working precision), tokenizer files alongside."""
-    from dflash_core.fileio import atomic_directory
+    from dflash_core.files.atomic import atomic_directory
 
     model = model.to(torch.bfloat16).eval()
     model.generation_config = GenerationConfig(

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .data import TokenDataset
+from dflash_core.training.data import TokenDataset
 
 
 @dataclass

@@ -24,10 +24,10 @@ import torch
 from safetensors.numpy import load_file, save_file
 from tqdm import tqdm
 
-from ..errors import DataError
-from ..fileio import atomic_path, sha256_file, write_json
-from ..prompts import Prompt, messages_problem, prompt_ids
-from ..textfiles import json_type, read_json_object, read_lines
+from dflash_core.errors import DataError
+from dflash_core.files.atomic import atomic_path, sha256_file, write_json
+from dflash_core.target.prompts import Prompt, messages_problem, prompt_ids
+from dflash_core.files.text import json_type, read_json_object, read_lines
 
 INDEX_FILE = "index.json"
 FORMAT_VERSION = 1

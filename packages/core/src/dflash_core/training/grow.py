@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from ..drafter import Drafter, load_drafter
-from ..errors import ConfigError
+from dflash_core.model.drafter import Drafter, load_drafter
+from dflash_core.errors import ConfigError
 
 # what must match between the given drafter and the grown one (depth and feature layers may grow)
 _SAME = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from ..drafter import Drafter
-from ..errors import CompatibilityError, ConfigError
-from ..target import TargetModel
+from dflash_core.model.drafter import Drafter
+from dflash_core.errors import CompatibilityError, ConfigError
+from dflash_core.target.adapter import TargetModel
 
 
 def source_layers(num_target_layers: int, draft_layers: int) -> list[int]:

@@ -29,12 +29,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import graph
-from ..drafter import Drafter
-from ..masks import block_attention_mask
-from ..target import TargetModel
-from .batches import Batch
-from .head_loss import head_loss
+from dflash_core.model import graph
+from dflash_core.model.drafter import Drafter
+from dflash_core.model.masks import block_attention_mask
+from dflash_core.target.adapter import TargetModel
+from dflash_core.training.batches import Batch
+from dflash_core.training.head_loss import head_loss
 
 
 def position_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:

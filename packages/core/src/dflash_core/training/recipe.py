@@ -6,9 +6,9 @@ import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from ..config import DFlashConfig, build_target_layer_ids
-from ..errors import ConfigError
-from ..pairing import MASK_TOKEN
+from dflash_core.model.config import DFlashConfig, build_target_layer_ids
+from dflash_core.errors import ConfigError
+from dflash_core.target.pairing import MASK_TOKEN
 
 # published loss decay per block size (reference §3); others fall back to block_size/2 - 1
 PUBLISHED_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}

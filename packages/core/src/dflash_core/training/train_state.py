@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..errors import CheckpointError
-from ..fileio import atomic_directory
-from ..textfiles import read_json_object
+from dflash_core.errors import CheckpointError
+from dflash_core.files.atomic import atomic_directory
+from dflash_core.files.text import read_json_object
 
 STATE_FILE = "state.json"
 

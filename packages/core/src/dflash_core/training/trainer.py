@@ -19,24 +19,24 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from ..decoding import generate
-from ..draft_vocab import DEFAULT_COVERAGE, choose_draft_vocab, count_tokens, save_draft_vocab
-from ..drafter import Drafter
-from ..checkpoint import check_weight_values
-from ..errors import CheckpointError, ConfigError
-from ..loading import stop_token_ids
-from ..pairing import mask_token_for_training
-from ..prompts import encode_prompt
-from ..target import TargetModel
-from .batches import make_batch, micro_positions
-from .train_state import STATE_FILE, has_training_state, load_training_state, save_training_state
-from .data import TokenDataset
-from .init_from_target import init_from_target
-from .grow import grow_from_drafter
-from .warm_start import init_from_drafter
-from .objective import TrainingObjective
-from .recipe import TrainConfig, drafter_config_for
-from .schedule import warmup_cosine
+from dflash_core.decode.loop import generate
+from dflash_core.model.draft_vocab import DEFAULT_COVERAGE, choose_draft_vocab, count_tokens, save_draft_vocab
+from dflash_core.model.drafter import Drafter
+from dflash_core.model.checkpoint import check_weight_values
+from dflash_core.errors import CheckpointError, ConfigError
+from dflash_core.loading import stop_token_ids
+from dflash_core.target.pairing import mask_token_for_training
+from dflash_core.target.prompts import encode_prompt
+from dflash_core.target.adapter import TargetModel
+from dflash_core.training.batches import make_batch, micro_positions
+from dflash_core.training.train_state import STATE_FILE, has_training_state, load_training_state, save_training_state
+from dflash_core.training.data import TokenDataset
+from dflash_core.training.init_from_target import init_from_target
+from dflash_core.training.grow import grow_from_drafter
+from dflash_core.training.warm_start import init_from_drafter
+from dflash_core.training.objective import TrainingObjective
+from dflash_core.training.recipe import TrainConfig, drafter_config_for
+from dflash_core.training.schedule import warmup_cosine
 
 STATE_DIR = "train_state"
 
@@ -53,7 +53,7 @@ class RunOptions:
     save_dtype: str = "bf16"
     progress: bool = True
     # share of the data's response tokens the drafter's read-out list covers (`draft_vocab.json` beside the
-    # weights, `dflash_core.draft_vocab`); None: no list, drafts are read out over the whole vocabulary
+    # weights, `dflash_core.model.draft_vocab`); None: no list, drafts are read out over the whole vocabulary
     draft_vocab_coverage: float | None = DEFAULT_COVERAGE
 
 

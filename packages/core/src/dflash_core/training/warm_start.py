@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from ..drafter import Drafter, load_drafter
-from ..errors import ConfigError
+from dflash_core.model.drafter import Drafter, load_drafter
+from dflash_core.errors import ConfigError
 
 _IGNORED = ("dtype", "torch_dtype")  # the weights are cast to the run's precision anyway
 

@@ -8,8 +8,8 @@ import numpy as np
 import torch
 
 from dflash_core.dtypes import resolve_dtype
-from dflash_core.fileio import write_json
-from dflash_core.onnx_export import GRAPH_FILE, OPSET, DrafterGraph, example_inputs, export_onnx
+from dflash_core.files.atomic import write_json
+from dflash_core.model.onnx_export import GRAPH_FILE, OPSET, DrafterGraph, example_inputs, export_onnx
 
 from ..errors import VerificationFailed
 from ..source import drafter_from_source

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dflash_core.drafter import load_drafter
+from dflash_core.model.drafter import load_drafter
 from dflash_core.errors import CheckpointError
-from dflash_core.fileio import write_json
+from dflash_core.files.atomic import write_json
 
 from ..errors import VerificationFailed
 from ..output import map_tensors, save_weights

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dflash_core.fileio import write_json
+from dflash_core.files.atomic import write_json
 from dflash_sglang.layout import DEFAULT_DTYPE, SGLANG_VERSION, check_capturable, launch_command, sglang_config
 
 from ..output import write_launcher

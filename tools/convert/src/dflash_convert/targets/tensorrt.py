@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dflash_core.fileio import write_json
+from dflash_core.files.atomic import write_json
 from dflash_trtllm.plan import ShapeLimits, build_plan, missing_requirements, profile_shapes
 
 from ..errors import MissingRequirement
