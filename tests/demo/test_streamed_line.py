@@ -38,5 +38,7 @@ def test_a_completion_ends_where_it_leaves_the_prompts_block():
     assert block_end(prompt, body) is None  # still inside f
     assert block_end(prompt, body + "    def g(self):\n") == len(body)  # the next method: cut before it
     assert block_end(prompt, body + "    def g") is None  # an unfinished line may still grow
-    assert block_end(prompt, "\n    def g(self):\n") is None  # no line of its own yet: nothing to end
+    assert block_end(prompt, "\n    def g(self):\n") is None  # no line of body yet: nothing to end
+    new = "class B:\n    x = 1\n"  # a completion that starts a new definition ends with it
+    assert block_end(prompt, new + "class C:\n") == len(new) and block_end(prompt, new + "    y = 2\n") is None
     assert block_end("x = [\n", "    1,\n]\n") is None  # no def or class: --max-new-tokens decides
