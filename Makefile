@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # The CPU build of torch lies on this machine's disk; a GPU machine can override TORCH.
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
-PKGS   := packages/core/pyproject.toml tools/convert/pyproject.toml tools/bench/pyproject.toml \
+PKGS   := packages/core/pyproject.toml packages/cli/pyproject.toml tools/convert/pyproject.toml tools/bench/pyproject.toml \
           tools/demo/pyproject.toml packages/sglang_plugin/pyproject.toml packages/trtllm_plugin/pyproject.toml \
           packages/vllm_plugin/pyproject.toml packages/serving/pyproject.toml
 
@@ -27,7 +27,7 @@ $(STAMP): $(PKGS) Makefile
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
 	$(BIN)/python -m pip install --quiet \
-		-e "packages/core[onnx]" -e tools/convert -e tools/bench -e tools/demo \
+		-e "packages/core[onnx]" -e packages/cli -e tools/convert -e tools/bench -e tools/demo \
 		-e packages/serving -e packages/sglang_plugin -e packages/trtllm_plugin -e packages/vllm_plugin \
 		"pytest>=8"
 	touch $(STAMP)
