@@ -98,3 +98,29 @@ def test_the_layering_check_sees_a_violation(tmp_path):
     found = _core_imports(bad)
     assert ("dflash_core.tuning.cost_table", True) in found and ("dflash_core.model.graph", False) in found
     assert RANK[_layer("dflash_core.tuning.cost_table")] > RANK[_layer("dflash_core.model.drafter")]
+
+
+def _empty_container(node: ast.expr) -> bool:
+    """`{}`, `[]`, `set()`, `dict()`, `WeakKeyDictionary()` and the like: a module-level one is a cache to fill."""
+    if isinstance(node, (ast.Dict, ast.List, ast.Set)):
+        return not (getattr(node, "keys", None) or getattr(node, "elts", None))
+    if isinstance(node, ast.Call) and not node.args and not node.keywords:
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        return name in {"dict", "list", "set", "defaultdict", "OrderedDict", "WeakKeyDictionary", "WeakValueDictionary"}
+    return False
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_process_wide_cache_to_fill(module):
+    """State lives in objects the caller holds (`Tuning`, `MatmulLayouts`, a drafter): no module starts an empty
+    container that calls then fill."""
+    tree = ast.parse(MODULES[module].read_text())
+    for node in tree.body:
+        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+        assert value is None or not _empty_container(value), f"{module} line {node.lineno}: a module-level cache"
+
+
+def test_the_cache_check_sees_one():
+    for source in ("_SEEN = {}", "_SEEN: dict = {}", "_H = weakref.WeakKeyDictionary()", "CACHE = dict()"):
+        assert _empty_container(ast.parse(source).body[0].value), source
+    assert not _empty_container(ast.parse("TABLE = {'a': 1}").body[0].value)

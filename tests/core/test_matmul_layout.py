@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from tiny import tiny_target
 
 from dflash_core.kernels import matmul_layout
-from dflash_core.kernels.matmul_layout import LAYOUTS, _product, chosen_layouts, matmul, row_bucket
+from dflash_core.kernels.matmul_layout import LAYOUTS, MatmulLayouts, _product, row_bucket
 from dflash_core.target.adapter import TargetModel
 
 
@@ -28,7 +28,7 @@ def test_both_layouts_are_the_same_product(layout, with_bias):
 
 
 def test_matmul_keeps_shapes_and_chooses_once_per_bucket(monkeypatch):
-    monkeypatch.setattr(matmul_layout, "_CHOICES", {})
+    matmul = MatmulLayouts()
     gen = torch.Generator().manual_seed(1)
     weight = torch.randn(40, 16, generator=gen)
     timed = []
@@ -40,11 +40,13 @@ def test_matmul_keeps_shapes_and_chooses_once_per_bucket(monkeypatch):
         assert out.shape == (*shape[:-1], 40)
         torch.testing.assert_close(out, F.linear(x, weight), rtol=1e-6, atol=1e-5)
     assert timed == [6, 4, 1]  # 5 rows reuse the choice made for 6 (bucket 8)
-    assert sorted(key[-1] for key in chosen_layouts()) == [1, 4, 8]
-    assert set(chosen_layouts().values()) <= set(LAYOUTS)
+    assert sorted(key[-1] for key in matmul.choices) == [1, 4, 8]
+    assert set(matmul.choices.values()) <= set(LAYOUTS)
     weight.add_(1.0)  # a changed weight is timed again
     matmul(torch.randn(3, 16, generator=gen), weight)
     assert timed == [6, 4, 1, 3]
+    MatmulLayouts()(torch.randn(3, 16, generator=gen), weight)  # another object measures for itself
+    assert timed == [6, 4, 1, 3, 3]
 
 
 def test_target_logits_go_through_it_and_a_hooked_head_is_called_as_it_is(monkeypatch):
@@ -52,7 +54,7 @@ def test_target_logits_go_through_it_and_a_hooked_head_is_called_as_it_is(monkey
     target = TargetModel(model)
     hidden = torch.randn(1, 5, 32)
     calls = []
-    monkeypatch.setattr("dflash_core.target.adapter.matmul", lambda h, w, b: calls.append(h.shape) or F.linear(h, w, b))
+    monkeypatch.setattr(target, "layouts", lambda h, w, b: calls.append(h.shape) or F.linear(h, w, b))
     torch.testing.assert_close(target.logits(hidden), model.lm_head(hidden))
     assert calls == [(1, 5, 32)]
     seen = []
@@ -65,7 +67,7 @@ def test_target_logits_go_through_it_and_a_hooked_head_is_called_as_it_is(monkey
 
 
 def test_a_weight_made_under_inference_mode_works(monkeypatch):
-    monkeypatch.setattr(matmul_layout, "_CHOICES", {})
+    matmul = MatmulLayouts()
     with torch.inference_mode():
         weight = torch.randn(12, 8) * 2  # an inference tensor: no version counter
         x = torch.randn(3, 8)

@@ -214,7 +214,9 @@ def as_target(target, drafter: DrafterBackend) -> TargetModel:
         target = TargetModel(target)
     check_compatibility(drafter.config, target)
     if target.layer_ids != drafter.config.target_layer_ids:
+        layouts = target.layouts
         target = TargetModel(target.model, drafter.config.target_layer_ids)
+        target.layouts = layouts  # what the adapter measured still holds: the same head
     drafter.check_runtime(target)
     return target
 

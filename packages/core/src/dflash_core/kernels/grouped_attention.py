@@ -18,13 +18,13 @@ attention weights asked for) goes to Hugging Face's own SDPA function unchanged.
 
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 
 ATTENTION_NAME = "cpu_grouped_sdpa"  # no "flash" in it: transformers reads that as FlashAttention asked for
-_REGISTERED: list[bool] = []  # [True] once registered with transformers, [False] where it cannot be
 
 
 def _grouped_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None,
@@ -45,18 +45,17 @@ def _grouped_sdpa(module, query, key, value, attention_mask, dropout: float = 0.
                                   is_causal=is_causal, **kwargs)
 
 
+@functools.cache  # registering is idempotent; transformers' registry is where the state lives
 def _register() -> bool:
-    if not _REGISTERED:
-        try:
-            from transformers import AttentionInterface, AttentionMaskInterface
-            from transformers.masking_utils import sdpa_mask
-        except ImportError:  # an older transformers: its own SDPA path stays
-            _REGISTERED.append(False)
-        else:
-            AttentionInterface.register(ATTENTION_NAME, _grouped_sdpa)
-            AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)  # the masks SDPA takes, as for "sdpa"
-            _REGISTERED.append(True)
-    return _REGISTERED[0]
+    """Register the attention function under `ATTENTION_NAME` with transformers; False where it cannot be."""
+    try:
+        from transformers import AttentionInterface, AttentionMaskInterface
+        from transformers.masking_utils import sdpa_mask
+    except ImportError:  # an older transformers: its own SDPA path stays
+        return False
+    AttentionInterface.register(ATTENTION_NAME, _grouped_sdpa)
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)  # the masks SDPA takes, as for "sdpa"
+    return True
 
 
 @contextmanager

@@ -32,7 +32,7 @@ import torch
 
 from dflash_core.errors import CheckpointError
 from dflash_core.files.atomic import write_json
-from dflash_core.kernels.matmul_layout import matmul
+from dflash_core.kernels.matmul_layout import MatmulLayouts
 from dflash_core.kernels.packed_weights import DECODE_LINEARS
 from dflash_core.sampling.tokens import greedy_tokens
 from dflash_core.files.text import read_json_object
@@ -187,12 +187,13 @@ class SubsetReadOut:
         self.bias = None if head.bias is None else head.bias.detach().index_select(0, index)
         copy = DECODE_LINEARS.get(weight_format)
         self.packed = None if copy is None else copy(self.weight, self.bias)  # fp16-packed / bf16 rows, or None
+        self.layouts = MatmulLayouts()
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., N]: the listed rows of the LM head only."""
         if self.packed is not None:
             return self.packed(hidden)
-        return matmul(hidden, self.weight, self.bias)  # one 2D matmul, in the layout fastest here
+        return self.layouts(hidden, self.weight, self.bias)  # one 2D matmul, in the layout fastest here
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.ids[greedy_tokens(self.logits(hidden))]

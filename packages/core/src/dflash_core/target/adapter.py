@@ -21,7 +21,7 @@ from torch import nn
 
 from dflash_core.errors import CompatibilityError
 from dflash_core.kernels.grouped_attention import cpu_grouped_attention
-from dflash_core.kernels.matmul_layout import matmul
+from dflash_core.kernels.matmul_layout import MatmulLayouts
 from dflash_core.kernels.prepacked_linear import is_prepacked
 
 
@@ -62,6 +62,7 @@ class TargetModel:
         self.base = base
         self.config = config
         self._cache_kwarg = cache_argument(base)
+        self.layouts = MatmulLayouts()  # the LM head's matmul layout per row bucket, measured by this adapter
         self.layer_ids: tuple[int, ...] = ()
         self.set_layer_ids(layer_ids)
 
@@ -116,7 +117,7 @@ class TargetModel:
         head = self.model.lm_head
         plain = type(head) is nn.Linear and not (head._forward_hooks or head._forward_pre_hooks)
         if plain and not is_prepacked(head):
-            return matmul(hidden, head.weight, head.bias)
+            return self.layouts(hidden, head.weight, head.bias)
         return head(hidden)
 
     def plain_head_weight(self) -> torch.Tensor | None:
