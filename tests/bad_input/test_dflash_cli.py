@@ -1,4 +1,5 @@
-"""`dflash` generate, demo, data, train and bench on bad input: the exit status, one line, nothing changed on disk.
+"""`dflash` generate, demo, data, features, train and bench on bad input: the exit status, one line, nothing
+changed on disk.
 
 Each row copies good inputs (a tiny target and drafter, prompts, a data set, a training run) into its own
 directory, breaks one thing with a `corrupt` helper (or a monkeypatch that breaks the run itself), and runs
@@ -54,6 +55,8 @@ DN = (*DATA, "--out", "{new}")
 TRAIN = ("train", "--target", "{target}", "--data", "{data}", "--dtype", "fp32", "--block-size", "4", "--anchors",
          "2", "--batch-size", "2", "--max-steps", "1", "--no-progress")
 TN = (*TRAIN, "--out", "{new}")
+FEAT = ("features", "--target", "{target}", "--data", "{data}", "--dtype", "fp32", "--shard-size", "4", "--no-progress")
+FN = (*FEAT, "--out", "{new}")
 BD = ("bench", "drafter", "--hidden", "64", "--context", "8", "--repeats", "1", "--layers", "1", "--out", "{new}")
 BE = ("bench", "e2e", "--pair", "a={target}:{drafter}", "--prompts-file", "{heldout}", "--dtypes", "fp32",
       "--max-new-tokens", "4")
@@ -85,6 +88,15 @@ def state(r: Path) -> Path:
 def _pickle_only(folder: Path) -> None:
     (folder / "model.safetensors").unlink()
     write_bytes(folder / "pytorch_model.bin", b"\x80\x04\x95 not loaded")
+
+
+def _feature_cache(r: Path, edit: Callable[[dict], Any] | None = None) -> Path:
+    """A `dflash features` cache of the row's data set in r/features (2 shards of 4 samples), its index edited."""
+    args = [a.format(target=r / "target", data=r / "data") for a in FEAT]
+    assert main([*args, "--out", str(r / "features"), "--threads", "1"]) == 0
+    if edit is not None:
+        edit_index(r / "features", edit)
+    return r / "features"
 
 
 def _patch(module: str, name: str, exc: BaseException) -> Callable[[Any], None]:
@@ -311,6 +323,19 @@ ROWS = [
     R("data-no-shards", TN, 2, "holds no samples",
       build=lambda r: edit_index(r / "data", lambda i: i.__setitem__("shards", []))),
     R("data-not-a-data-set", [*TRAIN[:3], "--data", "{drafter}", "--out", "{new}"], 2, "is not a data set"),
+    # ---- feature caches (`dflash features`, `dflash train --features`) ------------------------------------
+    R("features-layer-beyond", [*FN, "--target-layer-ids", "1,9"], 2, "reach layer 9, but the target has 4 layers"),
+    R("features-spacing-too-many", [*FN, "--feature-layers", "3"], 2, "holds only 1 distinct layers"),
+    R("features-not-a-data-set", [*FEAT[:3], "--data", "{drafter}", "--out", "{new}"], 2, "is not a data set"),
+    R("features-out-is-data", [*FEAT, "--out", "{data}", "--force"], 2, f"data is the input: {INPUT}"),
+    R("features-out-other-settings", [*FEAT, "--out", "{root}/features", "--shard-size", "3"], 2,
+      "already holds features made with other settings (shard_size differ)", build=lambda r: _feature_cache(r)),
+    R("train-features-not-a-cache", [*TN, "--features", "{drafter}"], 2, "is not a feature cache"),
+    R("train-features-incomplete", [*TN, "--features", "{root}/features"], 2, "is incomplete (4 of 8 samples)",
+      build=lambda r: _feature_cache(r, lambda i: i["shards"].pop())),
+    R("train-features-shard-changed", [*TN, "--features", "{root}/features"], 2,
+      "features-00001.safetensors is corrupt (its sha256 differs",
+      build=lambda r: truncate(_feature_cache(r) / "features-00001.safetensors", 4)),
     # ---- --out: inputs are sacred, outputs whole or absent, other data kept ------------------------------
     R("data-out-is-file", [*DATA, "--out", "{heldout}"], 2, "heldout.jsonl is an existing file"),
     R("data-out-is-target", [*DATA, "--out", "{target}", "--force"], 2, f"target is the input: {INPUT}"),
@@ -350,6 +375,8 @@ ROWS = [
       patch=_patch("dflash_core.training.data", "_generate", KeyboardInterrupt())),
     R("train-ctrl-c", TN, 130, "dflash train: interrupted",
       patch=_patch("dflash_core.training.trainer.Trainer", "train_step", KeyboardInterrupt())),
+    R("features-ctrl-c", FN, 130, "dflash features: interrupted",
+      patch=_patch("dflash_core.training.features", "features_of", KeyboardInterrupt())),
 ]
 
 
@@ -405,8 +432,8 @@ def test_bad_input(row: Row, good: Path, tmp_path: Path, capsys, monkeypatch):
 
 def _takes_threads(argv: tuple[str, ...]) -> int:
     """Rows of commands with --threads run on one thread (tiny models), unless the row sets it itself."""
-    return int(bool(argv) and argv[0] in ("generate", "demo", "data", "train", "bench") and "--threads" not in argv
-               and not (argv[0] == "bench" and len(argv) == 1))
+    return int(bool(argv) and argv[0] in ("generate", "demo", "data", "features", "train", "bench")
+               and "--threads" not in argv and not (argv[0] == "bench" and len(argv) == 1))
 
 
 def test_debug_shows_the_traceback(good: Path, tmp_path: Path, monkeypatch):

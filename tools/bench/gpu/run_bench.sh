@@ -17,7 +17,7 @@ mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)"  # absolute: the script runs from t
 DEVICE="${DEVICE:-cuda}" PROMPTS="${PROMPTS:-16}" TOKENS="${TOKENS:-192}" BATCHES="${BATCHES:-1,4,16}"
 REPEATS="${REPEATS:-20}" PYTHON="${PYTHON:-python3}"
 ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
-export PYTHONPATH="$ROOT/packages/core/src:$ROOT/tools/bench/src:$ROOT/tools/demo/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$ROOT/packages/core/src:$ROOT/packages/cli/src:$ROOT/tools/bench/src:$ROOT/tools/demo/src${PYTHONPATH:+:$PYTHONPATH}"
 export DFLASH_CACHE_DIR="$OUT/cache"
 cd "$ROOT"
 failed=0

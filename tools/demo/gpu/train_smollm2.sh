@@ -17,7 +17,7 @@ set -euo pipefail
 OUT="${1:?usage: tools/demo/gpu/train_smollm2.sh OUT_DIR}"
 PYTHON="${PYTHON:-python3}"
 ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
-export PYTHONPATH="$ROOT/packages/core/src:$ROOT/tools/demo/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$ROOT/packages/core/src:$ROOT/packages/cli/src:$ROOT/tools/demo/src${PYTHONPATH:+:$PYTHONPATH}"
 DEVICE="${DEVICE:-cuda}" TARGET="${TARGET:-$ROOT/models/smollm2/target}"
 HELDOUT="${HELDOUT:-$ROOT/models/smollm2/heldout.jsonl}" MASK_TOKEN="${MASK_TOKEN:-<empty_output>}"
 PROMPTS="${PROMPTS:-4000}" TOKENS="${TOKENS:-256}" DATA_BATCH="${DATA_BATCH:-128}" EPOCHS="${EPOCHS:-3}"

@@ -1,4 +1,4 @@
-"""The `dflash` command line: generate, demo, data, train, bench, serve.
+"""The `dflash` command line: generate, demo, data, features, train, bench, serve.
 
 A thin layer: each command turns its flags into explicit arguments of library functions
 (`dflash_core`; the demo and benchmarks live in the `dflash_demo` and `dflash_bench` tool packages).
@@ -31,11 +31,11 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dflash_cli import bench, data, demo, generate, serve, train
+    from dflash_cli import bench, data, demo, features, generate, serve, train
 
     parser = Parser(prog="dflash", description="DFlash block-diffusion speculative decoding")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (generate, demo, data, train, bench, serve):
+    for module in (generate, demo, data, features, train, bench, serve):
         module.add_parser(commands)
     return parser
 

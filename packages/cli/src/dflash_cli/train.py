@@ -10,11 +10,12 @@ from pathlib import Path
 import torch
 
 from dflash_core.model.draft_vocab import DEFAULT_COVERAGE
-from dflash_core.dtypes import SHORT_NAMES
+from dflash_core.dtypes import SHORT_NAMES, resolve_dtype
 from dflash_core.errors import ConfigError
 from dflash_core.files.atomic import guard_output
-from dflash_core.loading import load_tokenizer
-from dflash_core.training.data import read_prompts
+from dflash_core.loading import load_target, load_tokenizer
+from dflash_core.target.pieces import load_target_pieces
+from dflash_core.training.data import read_prompts, target_fingerprint
 from dflash_core.training.recipe import DISTILL_MODES, LOSS_VOCABS, TrainConfig
 
 from dflash_cli import flags
@@ -26,6 +27,10 @@ def add_parser(commands) -> None:
     p.add_argument("--target", required=True, help="Hugging Face target model directory (with tokenizer)")
     p.add_argument("--data", required=True, action="append",
                    help="data directory made by `dflash data`; repeat it to train on several, joined in order")
+    p.add_argument("--features", default=None, metavar="DIR",
+                   help="train from the target features `dflash features` stored for the same --data list: the "
+                        "target's layers never run (only its embedding and LM head are loaded, unless --eval-prompts "
+                        "needs the whole target); --dtype auto is then the precision they were computed in")
     p.add_argument("--out", required=True, type=Path, help="drafter output (published format); resumes if present")
     p.add_argument("--force", action="store_true",
                    help="write into an --out that holds other files (a drafter there is replaced)")
@@ -105,7 +110,22 @@ def _layer_ids(text: str | None):
         raise ConfigError(f"--target-layer-ids is {text!r}, expected comma-separated integers.") from None
 
 
+def _load_target(args, place, features, whole: bool):
+    """(target, dtype): the whole target, or with a feature cache and nothing to decode its embedding and LM head
+    alone; --dtype auto with a cache is the precision its features were computed in."""
+    dtype = "fp32" if args.no_bf16 else args.dtype
+    if features is None:
+        return load_target_in(args.target, dtype, str(place.device), args.block_size, workload="train",
+                              tuning=tuning_for(args))
+    if dtype == "auto":
+        dtype = features.settings.compute_dtype
+        print(f"dtype {dtype}: the precision feature cache {features.path} was computed in", file=sys.stderr)
+    load = load_target if whole else load_target_pieces
+    return load(args.target, dtype=dtype, device=str(place.device)), resolve_dtype(dtype)
+
+
 def run(args) -> int:
+    from dflash_core.training.features import FeatureCache
     from dflash_core.training.trainer import STATE_DIR, RunOptions, Trainer, init_distributed, load_data
 
     apply_threads(args.threads)
@@ -121,15 +141,19 @@ def run(args) -> int:
         raise ConfigError("--loss-vocab list needs the read-out list that --no-draft-vocab turns off: expected one "
                           "or the other.")
     eval_prompts = read_prompts(args.eval_prompts)[: args.eval_count] if args.eval_prompts else []
-    inputs = [args.target, *args.data] + [p for p in (args.eval_prompts, args.init_from, args.grow_from) if p]
+    inputs = [args.target, *args.data] + [p for p in (args.eval_prompts, args.init_from, args.grow_from, args.features)
+                                          if p]
     # resumable state is OUT/train_state; a published drafter without it is someone's work, kept unless --force
     guard_output(args.out, inputs, force=args.force, is_own_state=lambda out: (out / STATE_DIR).is_dir())
     place = init_distributed(args.device)
     data = load_data(args.data)
+    features = None
+    if args.features:
+        features = FeatureCache(args.features)
+        features.check_fits(target_fingerprint(args.target), data)
     # bf16 autocast exactly when the target runs in bf16: 'auto' picks it only where a training-sized forward
-    # is measured faster
-    target, dtype = load_target_in(args.target, "fp32" if args.no_bf16 else args.dtype, str(place.device),
-                                   args.block_size, workload="train", tuning=tuning_for(args))
+    # is measured faster (or, from a feature cache, where it was computed in bf16)
+    target, dtype = _load_target(args, place, features, bool(eval_prompts))
     if place.world > 1:  # every process must train in one precision: bf16 only if all of them picked it
         agreed = torch.tensor([int(dtype == torch.bfloat16)], device=place.device)
         torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN)
@@ -140,7 +164,7 @@ def run(args) -> int:
                          eval_prompts=eval_prompts, eval_max_new_tokens=args.eval_max_new_tokens,
                          save_dtype=args.save_dtype, progress=not args.no_progress,
                          draft_vocab_coverage=None if args.no_draft_vocab else args.draft_vocab_coverage)
-    trainer = Trainer(target, load_tokenizer(args.target), data, train, options, place)
+    trainer = Trainer(target, load_tokenizer(args.target), data, train, options, place, features)
     report = trainer.run()
     if place.main:
         summary = {k: report[k] for k in ("steps", "tau", "replicas_identical")} | {

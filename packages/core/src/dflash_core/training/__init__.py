@@ -1,1 +1,2 @@
-"""The DFlash training recipe: target-aligned data, block-diffusion drafter training, resume."""
+"""The DFlash training recipe: target-aligned data, target features stored once (optional), block-diffusion
+drafter training, resume."""

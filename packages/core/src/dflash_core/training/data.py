@@ -5,8 +5,9 @@ On disk a data set is a directory of shards plus an index:
   shard-00000.safetensors tokens [n_tokens] int32 (samples concatenated), offsets [n+1] int64,
                           prompt_lengths [n] int32
 Shards are written atomically and the index is rewritten after each one, so an interrupted run
-resumes at the first prompt not yet in a shard. Target hidden states are not stored: training
-recomputes them (see docs/training.md for the measured trade-off).
+resumes at the first prompt not yet in a shard. Target hidden states are not stored here: training
+recomputes them, or reads them from a feature cache made once (`features.py`, `dflash features`; see
+docs/training.md for the trade-off).
 """
 
 from __future__ import annotations
@@ -103,6 +104,12 @@ def target_fingerprint(target_dir: str | Path) -> str:
     for file in sorted(target_dir.glob("*.safetensors")):
         h.update(f"{file.name}:{file.stat().st_size}".encode())
     return h.hexdigest()[:16]
+
+
+def data_fingerprint(data: TokenDataset) -> str:
+    """What a data set (or several joined) holds: a hash of its shards' sha256 in order."""
+    shards = "".join(s["sha256"] for s in data.index.get("shards", []))
+    return hashlib.sha256(shards.encode()).hexdigest()[:16]
 
 
 def prompts_fingerprint(prompts: list[Prompt]) -> str:
@@ -289,17 +296,18 @@ class TokenDataset:
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def read_index(path: Path) -> dict:
-    """index.json of a data set with its shard list checked: a corrupt index is one sentence, not a KeyError."""
-    index = read_json_object(path, DataError, "the index.json `dflash data` writes")
+def read_index(path: Path, maker: str = "dflash data") -> dict:
+    """index.json of a data set (or of the feature cache `maker` writes) with its shard list checked: a corrupt index
+    is one sentence, not a KeyError."""
+    index = read_json_object(path, DataError, f"the index.json `{maker}` writes")
     shards = index.get("shards", [])
     if not isinstance(shards, list):
         raise DataError(f"{path}: field 'shards' is a JSON {json_type(shards)}, expected a list of shard entries.")
     for number, shard in enumerate(shards):
         problem = _entry_problem(shard)
         if problem:
-            raise DataError(f"{path}: shard entry {number} {problem}; the data set is corrupt (make it again with "
-                            "`dflash data`).")
+            raise DataError(f"{path}: shard entry {number} {problem}; the set is corrupt (make it again with "
+                            f"`{maker}`).")
     return index
 
 

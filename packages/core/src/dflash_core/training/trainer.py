@@ -28,9 +28,11 @@ from dflash_core.loading import stop_token_ids
 from dflash_core.target.pairing import mask_token_for_training
 from dflash_core.target.prompts import encode_prompt
 from dflash_core.target.adapter import TargetModel
-from dflash_core.training.batches import make_batch, micro_positions
+from dflash_core.target.pieces import TargetPieces
+from dflash_core.training.batches import make_batch, micro_positions, sample_index
+from dflash_core.training.features import FeatureCache
 from dflash_core.training.train_state import STATE_FILE, has_training_state, load_training_state, save_training_state
-from dflash_core.training.data import TokenDataset
+from dflash_core.training.data import TokenDataset, data_fingerprint
 from dflash_core.training.init_from_target import init_from_target
 from dflash_core.training.grow import grow_from_drafter
 from dflash_core.training.warm_start import init_from_drafter
@@ -83,17 +85,16 @@ def init_distributed(device: str = "cpu") -> Distributed:
     return Distributed(rank=dist.get_rank(), world=dist.get_world_size(), device=dev)
 
 
-def data_fingerprint(data: TokenDataset) -> str:
-    shards = "".join(s["sha256"] for s in data.index.get("shards", []))
-    return hashlib.sha256(shards.encode()).hexdigest()[:16]
-
-
 class Trainer:
+    """One training run. `features` (a `FeatureCache` of `data`): a step reads the target's features from it
+    instead of running the target, which may then be `TargetPieces` (its embedding and LM head alone)."""
+
     def __init__(self, target: TargetModel, tokenizer, data: TokenDataset, train: TrainConfig, options: RunOptions,
-                 place: Distributed) -> None:
+                 place: Distributed, features: FeatureCache | None = None) -> None:
         self.target, self.data, self.train, self.options, self.place = target, data, train, options, place
-        self.tokenizer = tokenizer
+        self.tokenizer, self.features = tokenizer, features
         data.check_vocabulary(target.vocab_size)
+        _check_feature_source(target, train, options, features)
         target.model.requires_grad_(False)
         self.mask_id = mask_token_for_training(tokenizer, target, train.mask_token)
         self.drafter = Drafter(drafter_config_for(target, self.mask_id, train)).to(place.device)
@@ -106,6 +107,8 @@ class Trainer:
             grow_from_drafter(self.drafter, train.grow_from)
         self.drafter.requires_grad_(True).train()
         target.set_layer_ids(self.drafter.config.target_layer_ids)
+        if features is not None:
+            features.columns(self.drafter.config.target_layer_ids)  # the cache holds them, or one line
         self.draft_vocab = None  # (ids, coverage): the read-out list, also used by the periodic evaluation
         if options.draft_vocab_coverage is not None:
             responses = (s.tokens[s.prompt_length:] for s in data.samples)
@@ -170,7 +173,22 @@ class Trainer:
                                     self.place.world)
         batch = make_batch(self.data, positions, anchors=self.train.anchors, block_size=self.train.block_size,
                            max_length=self.train.max_length, seed=self.train.seed)
-        return _to_device(batch, self.place.device)
+        return _to_device(batch, self.place.device), positions
+
+    def _target_outputs(self, batch, positions: range):
+        """(features [B, T, n*H], the target's final hidden states [B, T, H] for soft labels, else None): read from
+        the feature cache, or from a no-grad target forward (stopped after the last feature layer for hard labels)."""
+        if self.features is not None:
+            samples = [sample_index(p, len(self.data), self.train.seed) for p in positions]
+            lengths = batch.valid.sum(dim=1).tolist()
+            features = self.features.batch(samples, lengths, self.drafter.config.target_layer_ids)
+            return features.to(self.place.device), None
+        with torch.no_grad():  # target features recomputed (`dflash features` stores them instead)
+            ids = torch.arange(batch.tokens.shape[1], device=batch.tokens.device).expand_as(batch.tokens)
+            if self.train.soft_weight > 0:  # soft labels reuse this forward's final hidden states
+                out = self.target(batch.tokens, ids, None, batch.valid.long())
+                return out.features, out.hidden
+            return self.target.features(batch.tokens, ids, batch.valid.long()), None
 
     def train_step(self) -> dict:
         lr = warmup_cosine(self.step, self.total_steps, self.warmup, self.train.learning_rate,
@@ -180,16 +198,9 @@ class Trainer:
         totals = {"loss": 0.0, "tau_est": 0.0, "acc1": 0.0}
         step_started = time.perf_counter()
         for micro in range(self.train.grad_accum):
-            batch = self._micro_batch(micro)
+            batch, positions = self._micro_batch(micro)
             started = time.perf_counter()
-            with torch.no_grad():  # target features are recomputed, not stored (see docs/training.md)
-                positions = torch.arange(batch.tokens.shape[1], device=batch.tokens.device).expand_as(batch.tokens)
-                if self.train.soft_weight > 0:  # soft labels reuse this forward's final hidden states
-                    out = self.target(batch.tokens, positions, None, batch.valid.long())
-                    features, teacher = out.features, out.hidden
-                else:  # hard labels: the target's layers above the last feature layer are not run
-                    features = self.target.features(batch.tokens, positions, batch.valid.long())
-                    teacher = None
+            features, teacher = self._target_outputs(batch, positions)
             self.timings["feature_tokens"] += int(batch.valid.sum())  # a host read: on a GPU, waits for the forward
             self.timings["target_s"] += time.perf_counter() - started
             if not self.autocast:
@@ -301,6 +312,22 @@ class _maybe_no_sync:
 
     def __exit__(self, *exc):
         return self.context.__exit__(*exc) if self.context else False
+
+
+def _check_feature_source(target: TargetModel, train: TrainConfig, options: RunOptions,
+                          features: FeatureCache | None) -> None:
+    """Refuse (one line) what a run from stored features, or with the target's pieces alone, cannot do."""
+    if features is not None and train.soft_weight > 0:
+        raise ConfigError(f"training setting 'distill' is {train.distill!r} but feature cache {features.path} holds "
+                          "no final hidden states for soft labels: expected distill 'hard' (or train from the live "
+                          "target).")
+    if isinstance(target, TargetPieces) and features is None:
+        raise ConfigError("the target was loaded without its layers (embedding and LM head only): expected a feature "
+                          "cache to train from, or the whole target.")
+    if isinstance(target, TargetPieces) and (train.init_from_target or options.eval_prompts):
+        what = "init_from_target copies its layers" if train.init_from_target else "evaluation prompts decode with it"
+        raise ConfigError(f"the target was loaded without its layers (embedding and LM head only), but {what}: "
+                          "expected the whole target for that.")
 
 
 def _to_device(batch, device: torch.device):
