@@ -1,10 +1,12 @@
-"""`dflash bench`: drafter latency vs block size, and end-to-end DFlash and its peers vs the target alone.
+"""`dflash bench`: drafter latency vs block size, end-to-end DFlash and its peers vs the target alone, and served
+concurrency (N streamed users against vLLM, SGLang and the core's own loop).
 
 The benchmarks live in the `dflash_bench` tool package (tools/bench), installed by `make setup`.
 """
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -66,11 +68,65 @@ def add_parser(commands) -> None:
                    help="rounds of every method per batch, the fastest kept (steadier per-prompt ratios)")
     e.add_argument("--name", type=flags.file_stem, default="e2e")
     e.add_argument("--title", default="DFlash and its peers vs the target alone")
-    for sub in (d, e):
+    s = _add_serve_parser(kinds)
+    for sub in (d, e, s):
         sub.add_argument("--out", type=Path, default=Path("docs/results"), help="results directory")
         sub.add_argument("--force", action="store_true", help="write into an --out that holds other files")
         sub.add_argument("--threads", type=flags.integer(0), default=0)
     p.set_defaults(run=run)
+
+
+def _add_serve_parser(kinds):
+    s = kinds.add_parser("serve", help="N concurrent streamed users per engine (vLLM, SGLang plain and DFlash; the "
+                                       "core's loop): throughput, speed per user, TTFT, acceptance, lossless outputs")
+    s.add_argument("--engines", default="vllm-plain,vllm-dflash,core-plain,core",
+                   help="engines started in turn (vllm-plain, vllm-dflash, sglang-plain, sglang-dflash, core-plain, "
+                        "core); '' with --url: only the server there (default %(default)s)")
+    s.add_argument("--concurrency", type=flags.listed(flags.integer(1), "integers >= 1"), default=[1, 2, 4, 8, 16],
+                   help="concurrent users, e.g. 1,2,4,8,16 (the default)")
+    s.add_argument("--pair", default="demo", metavar="NAME|LABEL=TARGET:DRAFTER",
+                   help="models/NAME/{target,drafter} beside the demo models (demo, smollm2), or directories")
+    s.add_argument("--prompts-file", type=Path, default=None, help="JSONL prompts (default: the pair's heldout.jsonl)")
+    s.add_argument("--prompts", type=flags.integer(1), default=16)
+    s.add_argument("--max-new-tokens", type=flags.integer(1), default=64)
+    s.add_argument("--temperature", type=flags.number(0.0), default=0.0, help="0: greedy, outputs compared")
+    s.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+                   help="served precision of every engine, and the reference's (fp32: greedy output is the target's)")
+    s.add_argument("--url", default=None, help="also drive the OpenAI-compatible server already running here")
+    s.add_argument("--api", choices=["vllm", "sglang", "openai"], default="vllm",
+                   help="what the --url server is: which extra fields it gets and where its acceptance is read")
+    s.add_argument("--label", default="url", help="the --url server's name in the report")
+    s.add_argument("--name", type=flags.file_stem, default="serve")
+    s.add_argument("--title", default="Served concurrency")
+    return s
+
+
+def _serve_pair(text: str, models_dir):
+    """(ServePair, its default prompts file) from a models/ folder name or LABEL=TARGET:DRAFTER."""
+    from dflash_bench.serve_bench import ServePair
+
+    if "=" not in text:
+        root = models_dir().parent / text
+        if not (root / "target" / "config.json").is_file() or not (root / "drafter").is_dir():
+            raise DFlashError(f"--pair {text}: {root} holds no target/ and drafter/; expected a folder of models/ "
+                              "(demo, smollm2: `make real-model` builds its target) or LABEL=TARGET:DRAFTER.")
+        return ServePair(text, root / "target", root / "drafter"), root / "heldout.jsonl"
+    pair = _parse_pair(text)
+    return ServePair(pair.label, pair.target, pair.drafter), pair.target.parent / "heldout.jsonl"
+
+
+def _run_serve(args, command: str) -> Path:
+    from dflash_bench import serve_bench
+    from dflash_demo.paths import default_models_dir
+
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    spec, heldout = _serve_pair(args.pair, default_models_dir)
+    prompts = args.prompts_file or heldout
+    guard_output(args.out, [prompts, spec.target, spec.drafter], force=args.force, is_own_state=_is_results_dir)
+    return serve_bench.run(args.out, args.name, spec, prompts, engines=engines, concurrency=args.concurrency,
+                           prompts=args.prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                           url=args.url, api=args.api, label=args.label, dtype=args.dtype, command=command,
+                           title=args.title)
 
 
 def _pairs(args, models_dir) -> list:
@@ -79,19 +135,23 @@ def _pairs(args, models_dir) -> list:
     if not args.pair:
         models = models_dir()
         return [PairSpec("demo", models / "target", models / "drafter")]
-    pairs = []
-    for text in args.pair:
-        label, _, rest = text.partition("=")
-        parts = rest.split(":")
-        if not label or len(parts) not in (2, 3):
-            raise DFlashError(f"--pair {text!r} is malformed; expected LABEL=TARGET:DRAFTER[:BACKEND].")
-        target, drafter = Path(parts[0]), Path(parts[1])
-        missing = target if not (target / "config.json").is_file() else None if drafter.exists() else drafter
-        if missing:
-            raise DFlashError(f"--pair {label}: {missing} does not exist, expected a target model directory "
-                              "(TARGET) and a drafter (DRAFTER).")
-        pairs.append(PairSpec(label, target, drafter, parts[2] if len(parts) == 3 else "torch"))
-    return pairs
+    return [_parse_pair(text) for text in args.pair]
+
+
+def _parse_pair(text: str):
+    """A PairSpec from LABEL=TARGET:DRAFTER[:BACKEND], both directories checked."""
+    from dflash_bench.e2e import PairSpec
+
+    label, _, rest = text.partition("=")
+    parts = rest.split(":")
+    if not label or len(parts) not in (2, 3):
+        raise DFlashError(f"--pair {text!r} is malformed; expected LABEL=TARGET:DRAFTER[:BACKEND].")
+    target, drafter = Path(parts[0]), Path(parts[1])
+    missing = target if not (target / "config.json").is_file() else None if drafter.exists() else drafter
+    if missing:
+        raise DFlashError(f"--pair {label}: {missing} does not exist, expected a target model directory "
+                          "(TARGET) and a drafter (DRAFTER).")
+    return PairSpec(label, target, drafter, parts[2] if len(parts) == 3 else "torch")
 
 
 def run(args) -> int:
@@ -102,8 +162,15 @@ def run(args) -> int:
         raise DFlashError("benchmarks need the dflash-bench and dflash-demo tool packages: `make setup` installs "
                           "them (pip install -e tools/bench -e tools/demo).") from None
     apply_threads(args.threads)
-    command = "dflash " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("dflash") else "dflash bench"
-    if args.kind == "drafter":
+    command = "dflash " + shlex.join(sys.argv[1:]) if sys.argv[0].endswith("dflash") else "dflash bench"
+    if args.kind == "serve":
+        try:
+            path = _run_serve(args, command)
+        except e2e.OutputMismatch as exc:  # an engine failed or broke losslessness: the report says which (exit 1)
+            print(exc.report.read_text())
+            print(f"dflash bench serve: error: {exc}", file=sys.stderr)
+            return 1
+    elif args.kind == "drafter":
         _check_drafter_shapes(args.hidden, args.layers)
         guard_output(args.out, [], force=args.force, is_own_state=_is_results_dir)
         path = drafter_latency.run(args.out, hidden=args.hidden, context=args.context, layers=args.layers,

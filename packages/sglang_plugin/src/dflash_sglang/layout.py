@@ -48,19 +48,15 @@ def check_capturable(config: DFlashConfig, target_layers: int | None) -> None:
         )
 
 
-def launch_command(target: str, draft_dir: str, config: DFlashConfig, *, tokenizer: str | None = None,
+def launch_command(target: str, draft_dir: str | None, config: DFlashConfig | None, *, tokenizer: str | None = None,
                    dtype: str = DEFAULT_DTYPE, port: int = 30000, extra: list[str] | None = None) -> list[str]:
-    """`python -m sglang.launch_server ...` serving `target` with this drafter through native DFLASH."""
-    dtype = config_name(dtype)
-    command = [
-        "python", "-m", "sglang.launch_server",
-        "--model-path", target,
-        "--speculative-algorithm", "DFLASH",
-        "--speculative-draft-model-path", draft_dir,
-        "--speculative-num-draft-tokens", str(config.block_size),
-        "--dtype", dtype,
-        "--port", str(port),
-    ]
+    """`python -m sglang.launch_server ...` serving `target` with this drafter through native DFLASH; with no
+    drafter (`draft_dir` and `config` None), the same server decoding plainly (a benchmark's baseline)."""
+    command = ["python", "-m", "sglang.launch_server", "--model-path", target]
+    if draft_dir is not None and config is not None:
+        command += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", draft_dir,
+                    "--speculative-num-draft-tokens", str(config.block_size)]
+    command += ["--dtype", config_name(dtype), "--port", str(port)]
     if tokenizer:
         command += ["--tokenizer-path", tokenizer]
     return command + list(extra or [])

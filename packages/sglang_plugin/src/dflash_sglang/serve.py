@@ -11,8 +11,8 @@ from pathlib import Path
 
 from .preflight import check_draft_dir
 from .server import serve_forever
-from .serving import (build_launch, check_target, find_sglang_python, is_sglang_draft_dir, prepare_drafter, probe,
-                      resolve_device, served_dtype)
+from .serving import (Launch, build_launch, check_target, find_sglang_python, is_sglang_draft_dir, prepare_drafter,
+                      probe, resolve_device, served_dtype)
 
 DEFAULT_CACHE = Path("runs") / "sglang-serve"  # converted drafters and server logs (relative to the caller's cwd)
 # SGLang has no CPU kernel for DFLASH's sampling verify (kernels/ops/speculative/verify_sampling.py: None
@@ -29,20 +29,29 @@ def serve(target: str, drafter: str, *, port: int = 30000, device: str = "auto",
     Bad input raises DFlashError (one line) before SGLang starts; a server that dies raises
     server.ServerDied with SGLang's last error line.
     """
+    launch = launch_for(target, drafter, port=port, device=device, dtype=dtype, sglang_python=sglang_python,
+                        extra=extra, cache=cache)
+    if print_command:
+        print(launch.shell())
+        return 0
+    if launch.device == "cpu":
+        print(CPU_SAMPLING_NOTE, file=sys.stderr, flush=True)
+    log = log or Path(cache) / "logs" / f"server-{port}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    return serve_forever(launch, log, timeout=timeout)
+
+
+def launch_for(target: str | Path, drafter: str | Path | None, *, port: int = 30000, device: str = "auto",
+               dtype: str = "auto", sglang_python: str | None = None, extra: list[str] | None = None,
+               cache: Path = DEFAULT_CACHE) -> Launch:
+    """The launch `serve` runs, after every check (a converted drafter cached under `cache`/drafters);
+    `drafter` None: the same server without speculative decoding (the plain baseline of `dflash bench serve`)."""
     target_dir = check_target(target)
-    if is_sglang_draft_dir(Path(drafter)):
+    if drafter is not None and is_sglang_draft_dir(Path(drafter)):
         check_draft_dir(drafter)  # a damaged converted directory: one line, before anything starts
     python = find_sglang_python(sglang_python)
     facts = probe(python)
     device = resolve_device(device, facts)
     dtype = served_dtype(dtype, device)
-    draft_dir = prepare_drafter(drafter, target_dir, dtype, Path(cache) / "drafters")
-    launch = build_launch(target_dir.resolve(), draft_dir.resolve(), device=device, dtype=dtype, port=port,
-                          facts=facts, extra=extra, python=python)
-    if print_command:
-        print(launch.shell())
-        return 0
-    if device == "cpu":
-        print(CPU_SAMPLING_NOTE, file=sys.stderr, flush=True)
-    log = log or Path(cache) / "logs" / f"server-{port}-{time.strftime('%Y%m%d-%H%M%S')}.log"
-    return serve_forever(launch, log, timeout=timeout)
+    draft_dir = None if drafter is None else prepare_drafter(drafter, target_dir, dtype, Path(cache) / "drafters")
+    return build_launch(target_dir.resolve(), None if draft_dir is None else draft_dir.resolve(), device=device,
+                        dtype=dtype, port=port, facts=facts, extra=extra, python=python)

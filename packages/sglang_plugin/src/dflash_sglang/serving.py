@@ -58,13 +58,16 @@ def prepare_drafter(drafter: str | Path, target: Path, dtype: str, cache: Path) 
     return prepare_converted(drafter, target, dtype, cache, to="sglang", engine=ENGINE.engine, check=check_draft_dir)
 
 
-def build_launch(target: Path, draft_dir: Path, *, device: str, dtype: str, port: int, facts: dict,
+def build_launch(target: Path, draft_dir: Path | None, *, device: str, dtype: str, port: int, facts: dict,
                  extra: list[str] | None = None, python: Path | None = None) -> Launch:
-    """The `python -m sglang.launch_server ... --speculative-algorithm DFLASH` launch for this device."""
-    config = DFlashConfig.from_pretrained(draft_dir)
-    tokenizer = draft_dir / "tokenizer"  # dflash-convert writes one when it had to add the mask token
-    command = launch_command(str(target), str(draft_dir), config, dtype=dtype, port=port,
-                             tokenizer=str(tokenizer) if tokenizer.is_dir() else None,
+    """The `python -m sglang.launch_server ... --speculative-algorithm DFLASH` launch for this device;
+    `draft_dir` None: the same server without speculative decoding (the plain baseline of `dflash bench serve`)."""
+    config = tokenizer = None
+    if draft_dir is not None:
+        config = DFlashConfig.from_pretrained(draft_dir)
+        tokenizer = draft_dir / "tokenizer"  # dflash-convert writes one when it had to add the mask token
+    command = launch_command(str(target), None if draft_dir is None else str(draft_dir), config, dtype=dtype,
+                             port=port, tokenizer=str(tokenizer) if tokenizer and tokenizer.is_dir() else None,
                              extra=(CPU_SERVER_ARGS if device == "cpu" else ["--device", device]) + list(extra or []))
     if python is not None:
         command[0] = str(python)
@@ -73,4 +76,5 @@ def build_launch(target: Path, draft_dir: Path, *, device: str, dtype: str, port
         env[CPU_ENGINE_ENV] = "1"  # SGLang's CPU platform; our plugin registers its CPU patches only then
         if not facts.get("sgl_kernel_cpu"):  # only where sgl_kernel's own CPU build is missing
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(STAND_IN_DIR), os.environ.get("PYTHONPATH")]))
-    return Launch(command, env, port, device, engine=ENGINE.engine, method="DFLASH")
+    method = "DFLASH" if config is not None else "no drafts"
+    return Launch(command, env, port, device, engine=ENGINE.engine, method=method)

@@ -62,16 +62,14 @@ def mixed_attention(config: DFlashConfig) -> bool:
     return {"sliding_attention", "full_attention"} <= kinds
 
 
-def launch_command(target: str, draft_dir: str, config: DFlashConfig, *, dtype: str = DEFAULT_DTYPE,
+def launch_command(target: str, draft_dir: str | None, config: DFlashConfig | None, *, dtype: str = DEFAULT_DTYPE,
                    port: int = 8000, tokenizer: str | None = None, extra: list[str] | None = None) -> list[str]:
-    """`python -m vllm.entrypoints.openai.api_server ...` serving `target` with this drafter through native dflash."""
-    command = [
-        "python", "-m", SERVER_MODULE,
-        "--model", target,
-        "--speculative-config", json.dumps(speculative_config(draft_dir, config)),
-        "--dtype", config_name(dtype),
-        "--port", str(port),
-    ]
+    """`python -m vllm.entrypoints.openai.api_server ...` serving `target` with this drafter through native dflash;
+    with no drafter (`draft_dir` and `config` None), the same server decoding plainly (a benchmark's baseline)."""
+    command = ["python", "-m", SERVER_MODULE, "--model", target]
+    if draft_dir is not None and config is not None:
+        command += ["--speculative-config", json.dumps(speculative_config(draft_dir, config))]
+    command += ["--dtype", config_name(dtype), "--port", str(port)]
     if tokenizer:
         command += ["--tokenizer", tokenizer]
     return command + list(extra or [])

@@ -13,8 +13,8 @@ from pathlib import Path
 from dflash_serving.supervise import serve_forever
 
 from .preflight import check_draft_dir, ignored_notes
-from .serving import (ServeError, build_launch, check_target, find_vllm_python, is_vllm_draft_dir, prepare_drafter,
-                      probe, resolve_device, served_dtype)
+from .serving import (Launch, ServeError, build_launch, check_target, find_vllm_python, is_vllm_draft_dir,
+                      prepare_drafter, probe, resolve_device, served_dtype)
 
 DEFAULT_CACHE = Path("runs") / "vllm-serve"  # converted drafters and server logs (relative to the caller's cwd)
 
@@ -27,16 +27,8 @@ def serve(target: str, drafter: str, *, port: int = 8000, device: str = "auto", 
     Bad input raises DFlashError (one line) before vLLM starts; a server that dies raises
     dflash_serving.supervise.ServerDied with vLLM's last error line.
     """
-    target_dir = check_target(target)
-    if is_vllm_draft_dir(Path(drafter)):
-        check_draft_dir(drafter)  # a damaged converted directory: one line, before anything starts
-    python = find_vllm_python(vllm_python)
-    facts = probe(python, _architecture(target_dir))
-    device = resolve_device(device, facts)
-    dtype = served_dtype(dtype, device)
-    draft_dir = prepare_drafter(drafter, target_dir, dtype, Path(cache) / "drafters")
-    launch = build_launch(target_dir.resolve(), draft_dir.resolve(), device=device, dtype=dtype, port=port,
-                          facts=facts, extra=extra, python=python)
+    launch = launch_for(target, drafter, port=port, device=device, dtype=dtype, vllm_python=vllm_python, extra=extra,
+                        cache=cache)
     if print_command:
         print(launch.shell())
         return 0
@@ -44,6 +36,23 @@ def serve(target: str, drafter: str, *, port: int = 8000, device: str = "auto", 
         print(f"note: {note}", file=sys.stderr, flush=True)
     log = log or Path(cache) / "logs" / f"server-{port}-{time.strftime('%Y%m%d-%H%M%S')}.log"
     return serve_forever(launch, log, timeout=timeout)
+
+
+def launch_for(target: str | Path, drafter: str | Path | None, *, port: int = 8000, device: str = "auto",
+               dtype: str = "auto", vllm_python: str | None = None, extra: list[str] | None = None,
+               cache: Path = DEFAULT_CACHE) -> Launch:
+    """The launch `serve` runs, after every check (a converted drafter cached under `cache`/drafters);
+    `drafter` None: the same server without speculative decoding (the plain baseline of `dflash bench serve`)."""
+    target_dir = check_target(target)
+    if drafter is not None and is_vllm_draft_dir(Path(drafter)):
+        check_draft_dir(drafter)  # a damaged converted directory: one line, before anything starts
+    python = find_vllm_python(vllm_python)
+    facts = probe(python, _architecture(target_dir))
+    device = resolve_device(device, facts)
+    dtype = served_dtype(dtype, device)
+    draft_dir = None if drafter is None else prepare_drafter(drafter, target_dir, dtype, Path(cache) / "drafters")
+    return build_launch(target_dir.resolve(), None if draft_dir is None else draft_dir.resolve(), device=device,
+                        dtype=dtype, port=port, facts=facts, extra=extra, python=python)
 
 
 def _architecture(target_dir: Path) -> str:

