@@ -41,7 +41,8 @@ class DemoRequest:
     """What one demo run does (the flags of `dflash demo`, checked by the CLI)."""
 
     models: Path
-    prompt_index: int = 0
+    prompt_index: int | None = None
+    """Which held-out prompt to stream (None: `DEMO_PROMPT` where the set has it, else the first)."""
     max_new_tokens: int = 256
     temperature: float = 0.0
     top_p: float = 1.0
@@ -67,6 +68,8 @@ def run_demo(request: DemoRequest) -> None:
     if not (models / "target" / "config.json").is_file() or not (models / "drafter" / "config.json").is_file():
         raise DFlashError(f"no demo models in {models}: run `make models` to build them (see README).")
     prompts = read_prompts(models / "heldout.jsonl")
+    if request.prompt_index is None:  # the bundled set's chosen prompt; another set of fewer prompts: its first
+        request = replace(request, prompt_index=DEMO_PROMPT if DEMO_PROMPT < len(prompts) else 0)
     if not 0 <= request.prompt_index < len(prompts):
         raise DFlashError(f"--prompt-index is {request.prompt_index}, expected 0..{len(prompts) - 1} "
                           f"({len(prompts)} prompts in {models / 'heldout.jsonl'}).")
