@@ -31,6 +31,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from served_processes import descendants, running
 
 ROOT = Path(__file__).resolve().parents[2]
 SGLANG_PYTHON = ROOT / ".venv-sglang" / "bin" / "python"
@@ -230,35 +231,12 @@ def test_four_concurrent_requests_give_the_one_at_a_time_outputs(server, oracle)
     assert [r["text"] for r in together] == [oracle(t).text for t in texts]
 
 
-def _descendants(pid: int) -> set[int]:
-    """Every live process below `pid` (from /proc: SGLang's server, scheduler, detokenizer, ...)."""
-    parents = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents[int(stat.parent.name)] = int(fields[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
-def _running(pid: int) -> bool:
-    try:  # a zombie (state Z) has exited and only waits for its parent to reap it
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_ctrl_c_stops_the_server_and_everything_it_started(server):
-    started = _descendants(server.process.pid)
+    started = descendants(server.process.pid)
     assert len(started) >= 3, f"expected SGLang's server, scheduler and detokenizer below dflash serve: {started}"
     server.process.send_signal(signal.SIGINT)
     assert server.process.wait(timeout=90) == 0
-    alive = {pid for pid in started if _running(pid)}
+    alive = {pid for pid in started if running(pid)}
     assert not alive, f"processes SGLang started outlived Ctrl-C: {alive}"
     with pytest.raises(OSError):
         urllib.request.urlopen(f"{server.url}/health", timeout=5)

@@ -24,6 +24,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from served_processes import descendants, running
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -343,35 +344,12 @@ def test_print_command_and_a_missing_vllm_environment(workdir, tmp_path):
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "make vllm-env" in missing.stderr
 
 
-def _descendants(pid: int) -> set[int]:
-    """Every live process below `pid` (from /proc: vLLM's API server, engine core, worker)."""
-    parents = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents[int(stat.parent.name)] = int(fields[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
-def _running(pid: int) -> bool:
-    try:  # a zombie (state Z) has exited and only waits for its parent to reap it
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_ctrl_c_stops_the_server_and_everything_it_started(server):
-    started = _descendants(server.process.pid)
+    started = descendants(server.process.pid)
     assert len(started) >= 3, f"expected vLLM's API server, engine core and worker below dflash serve: {started}"
     server.process.send_signal(signal.SIGINT)
     assert server.process.wait(timeout=90) == 0
-    alive = {pid for pid in started if _running(pid)}
+    alive = {pid for pid in started if running(pid)}
     assert not alive, f"processes vLLM started outlived Ctrl-C: {alive}"
     with pytest.raises(OSError):
         urllib.request.urlopen(f"{server.url}/health", timeout=5)
