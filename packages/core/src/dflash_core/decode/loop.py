@@ -153,7 +153,8 @@ def generate_stream(target, drafter: DrafterBackend, input_ids: torch.Tensor, *,
     check_request(target, prompts, max_new_tokens)
     generator = make_generator(params, seed, target.device)
     if chooser is None:
-        policy = _draft_length_policy(draft_length, target, drafter, params, tuning if tuning is not None else Tuning())
+        tuning = tuning if tuning is not None else Tuning()  # one for the call: its table and histories
+        policy = _draft_length_policy(draft_length, target, drafter, params, tuning)
         chooser = _default_chooser(target, drafter, prompts, max_new_tokens, params, generator, policy,
                                    context_lookup, confidence_trim, tuning)
     return DecodeStream(_Decoder(target, prompts, max_new_tokens, params, frozenset(stop_token_ids or ()), chooser,
@@ -163,7 +164,7 @@ def generate_stream(target, drafter: DrafterBackend, input_ids: torch.Tensor, *,
 
 def _default_chooser(target: TargetModel, drafter: DrafterBackend, prompts: list[list[int]], max_new_tokens: int,
                      params: SamplingParams, generator, policy: DraftLengthPolicy | int, context_lookup: bool,
-                     confidence_trim: bool, tuning: Tuning | None) -> SourceChooser:
+                     confidence_trim: bool, tuning: Tuning) -> SourceChooser:
     """The drafter (with context lookup beside it where on) under the draft-length policy, or a fixed k.
 
     The drafts' read-out: the argmax over the drafter's read-out list (if any) when greedy; when sampling,
@@ -181,7 +182,7 @@ def _default_chooser(target: TargetModel, drafter: DrafterBackend, prompts: list
         return FixedChoice(source, policy)
     lookup = lookup_policy = None
     if context_lookup:
-        history = (tuning or Tuning()).history(drafter, "lookup") if policy.history is not None else None
+        history = tuning.history(drafter, "lookup") if policy.history is not None else None
         lookup_policy = DraftLengthPolicy(free_drafting(policy.costs), policy.block_size, history=history)
         lookup = LookupSource(prompts)
     return CostAwareChoice(source, policy, PlainSource(), lookup, lookup_policy, params.greedy)
