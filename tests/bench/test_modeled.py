@@ -37,7 +37,7 @@ def test_the_step_log_is_every_step_generate_took(demo_pair):
     assert all(1 <= record.committed[0] <= record.drafts + 1 for record in log)
     fixed = DecodeProfile(step_log=[])
     generate(demo_pair.target, demo_pair.drafter, prompt, max_new_tokens=32, draft_length=3, context_lookup=False,
-             profile=fixed)
+             tree="off", profile=fixed)
     assert {(record.source, record.drafts) for record in fixed.step_log[:-1]} == {("drafter", 3)}
     plain = DecodeProfile(step_log=[])
     result = generate(demo_pair.target, demo_pair.drafter, prompt, max_new_tokens=12, draft_length=0, profile=plain)

@@ -68,6 +68,16 @@ def test_drafter_weights_flag_is_passed_on_and_checked(pair, capsys):
     code, _, err = _run(capsys, *args, "--drafter-weights", "int8")
     assert code == 2 and "argument --drafter-weights: invalid choice: 'int8'" in err
 
+@pytest.mark.parametrize("tree", ["auto", "5"])
+def test_token_tree_flag_is_lossless(pair, capsys, tree):
+    target, drafter = pair
+    code, out, err = _run(capsys, "generate", "--target", str(target), "--drafter", str(drafter), "--prompt",
+                          "def main(", "--max-new-tokens", "24", "--dtype", "fp32", "--compare-ar", "--json",
+                          "--tree", tree)
+    assert code == 0, err
+    assert json.loads(out)["matches_ar"] is True
+
+
 def test_sampling_and_bf16(pair, capsys):
     target, drafter = pair
     code, out, err = _run(capsys, "generate", "--target", str(target), "--drafter", str(drafter), "--prompt", "x = ",
@@ -85,6 +95,8 @@ def test_sampling_and_bf16(pair, capsys):
     (["--prompt", "x", "--top-p", "1.5"], r"--top-p: got '1.5', expected a finite number > 0 and <= 1"),
     (["--prompt", "x", "--max-new-tokens", "5000"], "beyond the target's 512 positions"),
     (["--prompt-file", "/nonexistent/prompt.txt"], "does not exist"),
+    (["--prompt", "x", "--tree", "0"], r"--tree: got '0', expected auto, off or a node count in \[1, 64\]"),
+    (["--prompt", "x", "--tree", "wide"], r"--tree: got 'wide', expected auto, off or a node count"),
 ])
 def test_bad_input_exits_2_with_one_line(pair, capsys, extra, pattern):
     import re

@@ -31,10 +31,10 @@ def _warp(logits, temperature, top_k, top_p):
 
 
 @torch.no_grad()
-def exact_joint(model, temperature, top_k, top_p, prompt=PROMPT) -> dict[tuple[int, ...], float]:
+def exact_joint(model, temperature, top_k, top_p, prompt=PROMPT, steps=STEPS) -> dict[tuple[int, ...], float]:
     vocab = model.config.vocab_size
     probs = {(): 1.0}
-    for _ in range(STEPS):
+    for _ in range(steps):
         prefixes = list(probs)
         ids = torch.tensor([prompt + list(p) for p in prefixes])
         logits = model(ids).logits[:, -1].double()

@@ -59,7 +59,9 @@ def add_parser(commands) -> None:
     e.add_argument("--device", type=flags.device, default="cpu", help="torch device of target and drafter")
     e.add_argument("--methods", default=None,
                    help="decoding methods to compare (ar,dflash,dflash_drafter,dflash_full,dflash_plain_weights,"
-                        "dflash_fp16_weights,dflash_trimmed,prompt_lookup,assisted,hf_generate; ar is always run); "
+                        "dflash_fp16_weights,dflash_trimmed,dflash_chain,dflash_tree,dflash_tree_drafter,prompt_lookup,"
+                        "assisted,"
+                        "hf_generate; ar is always run); "
                         "default ar,dflash,dflash_drafter,"
                         "dflash_full,prompt_lookup, plus assisted where every pair has an assistant model beside its target")
     e.add_argument("--batch-sizes", type=flags.listed(flags.integer(1), "integers >= 1"), default=[1],

@@ -11,6 +11,7 @@ import torch
 from dflash_core.dtypes import SHORT_NAMES, resolve_dtype
 from dflash_core.errors import DFlashError, GenerationError
 from dflash_core.files.text import read_text_file
+from dflash_core.decode.loop import MAX_TREE_NODES
 from dflash_core.loading import load_target, load_target_auto
 from dflash_core.tuning.plan import Tuning
 
@@ -84,6 +85,23 @@ def add_draft_length_arg(parser) -> None:
                         help="with --draft-length auto, draft with the drafter only (by default a step may instead "
                              "copy what followed the latest n-gram earlier in the prompt or output, when that "
                              "promises more tokens per second)")
+    parser.add_argument("--tree", type=_tree, default=None, metavar="auto|off|N",
+                        help="verify a token tree of the drafter's top candidates instead of its argmax chain: auto "
+                             "sizes it each step from this machine's verify costs and the acceptance so far, N fixes "
+                             "its nodes (1-64), off verifies the chain; default: auto for greedy decoding of one "
+                             "prompt with --draft-length auto, off otherwise (where trees measured faster)")
+
+
+def _tree(text: str):
+    import argparse
+
+    if text in ("auto", "off"):
+        return text
+    try:
+        return flags.integer(1, MAX_TREE_NODES)(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"got {text!r}, expected auto, off or a node count in [1, {MAX_TREE_NODES}]") \
+            from None
 
 
 def _draft_length(text: str):

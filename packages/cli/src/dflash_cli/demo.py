@@ -43,6 +43,7 @@ def run(args) -> int:
                           max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                           top_k=args.top_k, seed=args.seed, summary_prompts=args.summary_prompts, dtype=args.dtype,
                           device=args.device, draft_length=args.draft_length, context_lookup=args.context_lookup,
+                          tree=args.tree,
                           tuning=tuning_for(args))
     run_demo(request)
     return 0

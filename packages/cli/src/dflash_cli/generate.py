@@ -65,7 +65,7 @@ def run(args) -> int:
     # the request is checked here, before anything is printed: bad input stays one line
     stream = generate_stream(pair.target, pair.drafter, ids, max_new_tokens=args.max_new_tokens, tuning=pair.tuning,
                              stop_token_ids=stops, draft_length=args.draft_length,
-                             context_lookup=args.context_lookup, profile=profile, **sampling)
+                             context_lookup=args.context_lookup, tree=args.tree, profile=profile, **sampling)
     for note in pair.notes:
         print(f"note: {note}", file=sys.stderr)
     if args.compare_ar:

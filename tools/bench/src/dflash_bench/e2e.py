@@ -261,6 +261,10 @@ def _steps(runs: list[MethodRun]) -> dict:
     steps = [a for r in runs for row in r.acceptance_lengths for a in row]
     out = {"tau": sum(steps) / max(1, len(steps))}
     profiles = [r.profile for r in runs if r.profile is not None]
+    trees = sum(p.tree_steps for p in profiles)
+    if trees:  # the token trees' mean size, and the share of drafter steps that verified one
+        out |= {"tree_nodes": sum(p.tree_nodes for p in profiles) / trees,
+                "tree_share": trees / max(1, sum(p.drafter_steps for p in profiles))}
     decode = sum(p.decode_s for p in profiles)
     if decode > 0:
         draft, verify = sum(p.draft_s for p in profiles), sum(p.verify_s for p in profiles)

@@ -32,7 +32,10 @@ def table_row(r: dict) -> list:
     spread = f"{r['speedup_min']:.2f} (#{slowest}) / {r['speedup_median']:.2f} / {r['speedup_max']:.2f}"
     identical = r["identical"] if r["identical"] is not None else "n/a (T > 0)"
     ceiling = f"{r['ceiling']:.2f}x ({100 * r['of_ceiling']:.0f}%)" if "ceiling" in r else ""
-    return head + [r["tok_s"], r["speedup"], spread, r.get("tau", ""), ceiling, identical]
+    tau = r.get("tau", "")
+    if "tree_nodes" in r:  # a token tree's mean size beside its tau
+        tau = f"{tau:.2f} (tree {r['tree_nodes']:.1f})"
+    return head + [r["tok_s"], r["speedup"], spread, tau, ceiling, identical]
 
 
 def _notes(results: list[dict], *, name: str, prompts_file: Path, prompts: int, max_new_tokens: int,
@@ -44,8 +47,11 @@ def _notes(results: list[dict], *, name: str, prompts_file: Path, prompts: int, 
                                                   "interleaved), each method's fastest round kept" if repeats > 1 else ""),
         "ar: the target alone through DFlash's own loop with no drafter, one token per row per forward, the batch's "
         "rows decoded together; dflash: `generate` with its defaults (drafter and context lookup as draft sources, "
-        "auto draft length); dflash_drafter: the same with the drafter as its only source; dflash_full: `generate` "
-        "verifying the whole block of drafter drafts every step (its tau is the drafter's acceptance at block B); "
+        "auto draft length, a token tree for a greedy request of one prompt, else the drafter's argmax chain); "
+        "dflash_chain / dflash_tree: the same verifying the chain only / a token tree of automatic size always; "
+        "dflash_drafter / dflash_tree_drafter: the drafter as the only source, its chain / a tree; dflash_full: "
+        "`generate` verifying the whole block of drafter drafts as a chain every step (its tau is the drafter's "
+        "acceptance at block B); "
         "dflash_plain_weights: dflash with the drafter reading its own fp32 weights instead of fp16-packed or bf16 "
         "copies; dflash_fp16_weights: dflash with fp16-packed copies where it decodes bf16 ones; "
         "dflash_trimmed: dflash verifying only the drafts the drafter's confidence says pay (`confidence_trim=True`); "

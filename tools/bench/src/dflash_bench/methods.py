@@ -99,24 +99,42 @@ def run_ar(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRu
     return MethodRun(result.tokens, profile.total_s, profile)
 
 
-def run_dflash(pair: Pair, batch: PromptBatch, settings: DecodeSettings, *,
-               draft_length: int | str = "auto", context_lookup: bool = True, confidence_trim: bool = False) -> MethodRun:
+def run_dflash(pair: Pair, batch: PromptBatch, settings: DecodeSettings, *, draft_length: int | str = "auto",
+               context_lookup: bool = True, confidence_trim: bool = False, tree: int | str | None = None) -> MethodRun:
     """DFlash `generate` (rows decoded together as one batch), by default its defaults."""
     profile = DecodeProfile()
     result = generate(pair.target, pair.drafter, batch.input_ids, attention_mask=batch.attention_mask,
                       draft_length=draft_length, context_lookup=context_lookup, confidence_trim=confidence_trim,
-                      profile=profile, tuning=pair.tuning, **_sampling(settings))
+                      tree=tree, profile=profile, tuning=pair.tuning, **_sampling(settings))
     return MethodRun(result.tokens, profile.total_s, profile, result.acceptance_lengths)
 
 
 def run_dflash_drafter(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRun:
-    """DFlash with the drafter as its only draft source (no context lookup): what the drafter alone buys."""
-    return run_dflash(pair, batch, settings, context_lookup=False)
+    """DFlash with the drafter's argmax chain as its only draft source (no context lookup, no token tree): what
+    the drafter alone buys."""
+    return run_dflash(pair, batch, settings, context_lookup=False, tree="off")
 
 
 def run_dflash_full(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRun:
-    """DFlash verifying the whole block every step (k = B-1): the drafter's own acceptance, tau at block B."""
-    return run_dflash(pair, batch, settings, draft_length=pair.drafter.config.block_size - 1)
+    """DFlash verifying the drafter's whole block as a chain every step (k = B-1): the drafter's own acceptance,
+    tau at block B."""
+    return run_dflash(pair, batch, settings, draft_length=pair.drafter.config.block_size - 1, tree="off")
+
+
+def run_dflash_chain(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRun:
+    """DFlash defaults verifying the drafter's argmax chain only (`tree="off"`): `dflash_tree`'s reference."""
+    return run_dflash(pair, batch, settings, tree="off")
+
+
+def run_dflash_tree(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRun:
+    """DFlash defaults with token trees of automatic size (`generate(..., tree="auto")`, `dflash_core.decode.tree`):
+    what the drafter's other candidates buy, side by side with `dflash`."""
+    return run_dflash(pair, batch, settings, tree="auto")
+
+
+def run_dflash_tree_drafter(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRun:
+    """`dflash_tree` with the drafter as its only draft source: trees against `dflash_drafter`'s chains."""
+    return run_dflash(pair, batch, settings, tree="auto", context_lookup=False)
 
 
 def run_dflash_trimmed(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRun:
@@ -185,7 +203,9 @@ def assisted_runner(assistant_dir: Path) -> Runner:
 RUNNERS: dict[str, Runner] = {"ar": run_ar, "dflash": run_dflash, "dflash_drafter": run_dflash_drafter,
                               "dflash_full": run_dflash_full, "dflash_plain_weights": run_dflash_plain_weights,
                               "dflash_fp16_weights": run_dflash_fp16_weights,
-                              "dflash_trimmed": run_dflash_trimmed,
+                              "dflash_trimmed": run_dflash_trimmed, "dflash_chain": run_dflash_chain,
+                              "dflash_tree": run_dflash_tree,
+                              "dflash_tree_drafter": run_dflash_tree_drafter,
                               "prompt_lookup": run_prompt_lookup, "hf_generate": run_hf_generate}
 DEFAULT_METHODS = ("ar", "dflash", "dflash_drafter", "dflash_full", "prompt_lookup", "assisted")
 PLANNED = {"assisted": "Hugging Face assisted generation with the small draft model models/demo/assistant"}

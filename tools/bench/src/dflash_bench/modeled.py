@@ -121,7 +121,7 @@ def modeled_decode(pair: Pair, texts: Sequence, *, max_new_tokens: int, draft_le
         policy = (DraftLengthPolicy(run.costs, block, history=pair.tuning.history(pair.drafter)) if draft_length == "auto"
                   else draft_length)
         result = generate(pair.target, pair.drafter, ids, max_new_tokens=max_new_tokens, stop_token_ids=stops,
-                          draft_length=policy, context_lookup=context_lookup, profile=profile)
+                          draft_length=policy, context_lookup=context_lookup, tree="off", profile=profile)
         run.add(max(0, result.num_new_tokens - 1), profile.step_log, profile)
     return run
 

@@ -31,7 +31,7 @@ def heldout_lengths(target: Path, drafter: Path, prompts: Sequence[str], *, max_
             for i, text in enumerate(tqdm(prompts, desc=f"held-out tau {dtype} T={temperature:g}", leave=False)):
                 ids = encode_prompt(pair.tokenizer, text, device)
                 result = generate(pair.target, pair.drafter, ids, max_new_tokens=max_new_tokens, draft_length=full,
-                                  temperature=temperature, seed=i, stop_token_ids=stops)
+                                  temperature=temperature, seed=i, stop_token_ids=stops, tree="off")
                 steps += result.acceptance_lengths[0]
     return lengths
 

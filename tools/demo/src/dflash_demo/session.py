@@ -52,6 +52,7 @@ class DemoRequest:
     dtype: str = "auto"
     draft_length: int | str = "auto"
     context_lookup: bool = True
+    tree: int | str | None = None
     device: str = "cpu"
     tuning: Tuning | None = None
     stop_at_block_end: bool = True
@@ -84,7 +85,8 @@ def run_demo(request: DemoRequest) -> None:
     c = pair.drafter.config
     print(f"DFlash demo: {pair.target.num_layers}-layer Qwen3 target ({_params(pair.target.model)}M params) "
           f"+ {c.num_hidden_layers}-layer drafter, block {c.block_size}, {dtype}, {request.device}, "
-          f"draft length {request.draft_length}, context lookup {'on' if request.context_lookup else 'off'}",
+          f"draft length {request.draft_length}, context lookup {'on' if request.context_lookup else 'off'}"
+          f"{'' if request.tree is None else f', token tree {request.tree}'}",
           file=sys.stderr)
     print(f"held-out prompt #{request.prompt_index} ({ids.shape[1]} tokens):", file=sys.stderr)
     print(prompt, end="")
@@ -187,7 +189,7 @@ def _stream_one(pair: Pair, ids, stops: list[int], request: DemoRequest, prompt:
     printed = 0  # characters of the completion written so far: whole lines, so a cut never takes back text
     stream = generate_stream(pair.target, pair.drafter, ids, max_new_tokens=request.max_new_tokens, tuning=pair.tuning,
                              stop_token_ids=stops, draft_length=request.draft_length,
-                             context_lookup=request.context_lookup, **request.sampling)
+                             context_lookup=request.context_lookup, tree=request.tree, **request.sampling)
     end = None
     for chunk in stream:
         tokens += chunk[0]
@@ -209,8 +211,8 @@ def _stream_one(pair: Pair, ids, stops: list[int], request: DemoRequest, prompt:
     run_prompt_lookup(pair, batch, replace(settings, max_new_tokens=8))  # warm-up, untimed
     profile = DecodeProfile()
     result = generate(pair.target, pair.drafter, ids, max_new_tokens=count, tuning=pair.tuning, stop_token_ids=stops,
-                      draft_length=request.draft_length, context_lookup=request.context_lookup, profile=profile,
-                      **request.sampling)
+                      draft_length=request.draft_length, context_lookup=request.context_lookup, tree=request.tree,
+                      profile=profile, **request.sampling)
     ar_profile = DecodeProfile()
     ar = generate_autoregressive(pair.target, ids, max_new_tokens=count, stop_token_ids=stops, profile=ar_profile,
                                  **request.sampling)
@@ -231,7 +233,7 @@ def _summary(pair: Pair, prompts: list[str], stops: list[int], request: DemoRequ
 
     settings = DecodeSettings(request.max_new_tokens, tuple(stops), **request.sampling)
     runners = {**RUNNERS, "dflash": partial(run_dflash, draft_length=request.draft_length,
-                                            context_lookup=request.context_lookup)}
+                                            context_lookup=request.context_lookup, tree=request.tree)}
     comparison = compare(pair, encode_prompts(pair, prompts, request.device), settings, methods=("ar", "dflash"),
                          runners=runners, label="held-out prompts")
     ar, spec = summarize(comparison)

@@ -109,7 +109,10 @@ class CostAwareChoice:
         target committed: what it would have had accepted, as far as those tokens tell."""
         for i, a in enumerate(verdict.accepted):
             if proposal.source != self.lookup_name:
-                self.policy.observe(proposal.k, a, None if proposal.cut is None else proposal.cut[i])
+                if proposal.trees is not None:  # the chain's own outcome: what the tree's argmax chain accepted
+                    self.policy.observe(*main_chain_outcome(proposal.trees[i], verdict.kept[i]))
+                else:
+                    self.policy.observe(proposal.k, a, None if proposal.cut is None else proposal.cut[i])
                 if self.shadow and self.shadow[i]:
                     self.lookup_policy.observe(*shadow_outcome(self.shadow[i], verdict.committed[i]))
                 continue
@@ -118,6 +121,22 @@ class CostAwareChoice:
                 self.lookup_policy.observe(proposal.lengths[i], min(a, proposal.lengths[i]))
 
     lookup_name = LookupSource.name
+
+
+def main_chain_outcome(tree, path: list[int]) -> tuple[int, int, float | None]:
+    """(drafts verified, accepted, next confidence) of the chain inside a token tree (`decode.tree.DraftTree`:
+    its nodes on the drafter's argmax chain), given the accepted path: what a chain step over those drafts would
+    have got, and where the tree left the rest of the step's chain out and all of it was accepted, the estimated
+    acceptance of the first left out (as `DraftLengthPolicy.observe` takes a trimmed chain's). The policy learns
+    from it, so its k and its weighing against context lookup stay a chain's (a tree's extra tokens are the
+    tree's gain, their cost its size choice's), and a tree sized to nothing still says the drafter was tried."""
+    on_chain = sum(not off for off in tree.off_chain)
+    accepted = 0
+    for node in path[1:]:
+        if tree.off_chain[node - 1]:
+            break
+        accepted += 1
+    return on_chain, accepted, tree.chain_next if accepted == on_chain else None
 
 
 def shadow_outcome(copy: list[int], committed: list[int]) -> tuple[int, int]:

@@ -77,4 +77,4 @@ def lookup_continuation(history: Sequence[int], count: int, *, max_ngram: int = 
 
 def free_drafting(costs: VerifyCostTable) -> VerifyCostTable:
     """The cost table of lookup drafts: the same verify times, no drafter pass and no LM-head read-out."""
-    return VerifyCostTable(seconds=costs.seconds, draft_s=0.0, head_s=0.0)
+    return VerifyCostTable(seconds=costs.seconds, draft_s=0.0, head_s=0.0, wide=costs.wide)

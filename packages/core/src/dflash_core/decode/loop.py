@@ -27,6 +27,8 @@ from dflash_core.decode.choice import CostAwareChoice, FixedChoice, SourceChoose
 from dflash_core.decode.context_lookup import free_drafting
 from dflash_core.decode.draft_confidence import confident_read_out
 from dflash_core.decode.sources import DrafterSource, LookupSource, PlainSource, StepInput, Verdict
+from dflash_core.decode.tree import TreeSource, candidate_read_out
+from dflash_core.decode.tree_verify import TreeVerifier
 from dflash_core.decode.verify import ChainVerifier, Verifier
 from dflash_core.sampling.speculative import DraftSampler
 from dflash_core.tuning.draft_length import DraftLengthPolicy
@@ -40,6 +42,9 @@ from dflash_core.decode.request_checks import check_request, split_prompts
 from dflash_core.sampling.tokens import SamplingParams, choose_tokens, make_generator
 from dflash_core.target.adapter import TargetModel
 from dflash_core.target.cache import TargetCache
+
+
+MAX_TREE_NODES = 64  # a fixed tree's nodes at most (verified in one pass with the row's last token)
 
 
 @dataclass
@@ -104,8 +109,8 @@ def generate(target, drafter: DrafterBackend, input_ids: torch.Tensor, *, max_ne
              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
              stop_token_ids: Sequence[int] | None = None, attention_mask: torch.Tensor | None = None,
              seed: int | None = None, draft_length: int | str | DraftLengthPolicy = "auto",
-             context_lookup: bool = True, confidence_trim: bool = False, tuning: Tuning | None = None,
-             chooser: SourceChooser | None = None, verifier: Verifier | None = None,
+             context_lookup: bool = True, confidence_trim: bool = False, tree: int | str | None = None,
+             tuning: Tuning | None = None, chooser: SourceChooser | None = None, verifier: Verifier | None = None,
              profile: DecodeProfile | None = None) -> GenerationResult:
     """Speculatively decode `input_ids` [B, T] with `drafter`; output is exactly the target's.
 
@@ -119,6 +124,11 @@ def generate(target, drafter: DrafterBackend, input_ids: torch.Tensor, *, max_ne
     `confidence_trim`: with a policy and greedy decoding, verify only the drafts the drafter's own
     confidence says pay for their verify time (`dflash_core.decode.draft_confidence`; none: a plain step).
     Off by default: on the AVX2-only CPU it measured no faster end to end (docs/benchmarks.md).
+    `tree`: "off" verifies the drafter's argmax chain; an int N a token tree of N nodes per drafter step built
+    from the drafter's top candidates per position, "auto" a tree whose size (0 .. 2 block - 1 nodes) is chosen
+    per step from the cost table and the acceptance seen so far (`dflash_core.decode.tree`); lossless too,
+    greedy and sampled. None (default): "auto" for a greedy request of one prompt with `draft_length="auto"`,
+    "off" otherwise: where trees measured faster than the chain (docs/benchmarks.md, "Token trees").
     `tuning`: the `Tuning` whose cost tables and acceptance histories "auto" uses (`load_pair` returns one as
     `pair.tuning`); without one, a fresh in-memory `Tuning` measures the cost table for this call alone and
     nothing is written anywhere.
@@ -129,8 +139,8 @@ def generate(target, drafter: DrafterBackend, input_ids: torch.Tensor, *, max_ne
     stream = generate_stream(target, drafter, input_ids, max_new_tokens=max_new_tokens, temperature=temperature,
                              top_p=top_p, top_k=top_k, stop_token_ids=stop_token_ids,
                              attention_mask=attention_mask, seed=seed, draft_length=draft_length,
-                             context_lookup=context_lookup, confidence_trim=confidence_trim, tuning=tuning,
-                             chooser=chooser, verifier=verifier, profile=profile)
+                             context_lookup=context_lookup, confidence_trim=confidence_trim, tree=tree,
+                             tuning=tuning, chooser=chooser, verifier=verifier, profile=profile)
     for _ in stream:
         pass
     return stream.result
@@ -140,9 +150,9 @@ def generate_stream(target, drafter: DrafterBackend, input_ids: torch.Tensor, *,
                     temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                     stop_token_ids: Sequence[int] | None = None, attention_mask: torch.Tensor | None = None,
                     seed: int | None = None, draft_length: int | str | DraftLengthPolicy = "auto",
-                    context_lookup: bool = True, confidence_trim: bool = False, tuning: Tuning | None = None,
-                    chooser: SourceChooser | None = None, verifier: Verifier | None = None,
-                    profile: DecodeProfile | None = None) -> DecodeStream:
+                    context_lookup: bool = True, confidence_trim: bool = False, tree: int | str | None = None,
+                    tuning: Tuning | None = None, chooser: SourceChooser | None = None,
+                    verifier: Verifier | None = None, profile: DecodeProfile | None = None) -> DecodeStream:
     """Like `generate`, yielding each step's committed tokens as they are accepted.
 
     Arguments are validated here, before the first step runs.
@@ -152,19 +162,40 @@ def generate_stream(target, drafter: DrafterBackend, input_ids: torch.Tensor, *,
     prompts = split_prompts(input_ids, attention_mask)
     check_request(target, prompts, max_new_tokens)
     generator = make_generator(params, seed, target.device)
+    tree = default_tree(params, len(prompts), draft_length, confidence_trim) if tree is None else tree
+    tree_size = _tree_size(tree)
     if chooser is None:
         tuning = tuning if tuning is not None else Tuning()  # one for the call: its table and histories
         policy = _draft_length_policy(draft_length, target, drafter, params, tuning)
         chooser = _default_chooser(target, drafter, prompts, max_new_tokens, params, generator, policy,
-                                   context_lookup, confidence_trim, tuning)
+                                   context_lookup, confidence_trim, tuning, tree_size)
+    if verifier is None:
+        verifier = ChainVerifier(params, generator) if tree_size == "off" else TreeVerifier(params, generator)
     return DecodeStream(_Decoder(target, prompts, max_new_tokens, params, frozenset(stop_token_ids or ()), chooser,
-                                 verifier or ChainVerifier(params, generator), profile, drafter.config.block_size,
-                                 generator))
+                                 verifier, profile, drafter.config.block_size, generator))
+
+
+def default_tree(params: SamplingParams, rows: int, draft_length="auto", confidence_trim: bool = False) -> str:
+    """What `tree=None` means: a tree where it measured faster than the chain on this project's CPUs (the
+    defaults, greedy, one prompt: 1.10-1.12x on both pairs, docs/benchmarks.md "Token trees"; at batch 4 and at
+    T=1 trees measured no faster), the chain elsewhere, and wherever the caller fixed the drafts verified (an
+    int or policy of its own as `draft_length`, `confidence_trim`)."""
+    plain_defaults = isinstance(draft_length, str) and draft_length == "auto" and not confidence_trim
+    return "auto" if params.greedy and rows == 1 and plain_defaults else "off"
+
+
+def _tree_size(tree: int | str) -> int | str | None:
+    """"off", None (automatic size) or the fixed node count, checked."""
+    if tree in ("off", "auto"):
+        return None if tree == "auto" else "off"
+    if isinstance(tree, bool) or not isinstance(tree, int) or not 1 <= tree <= MAX_TREE_NODES:
+        raise GenerationError(f"tree is {tree!r}, expected 'off', 'auto' or a node count in [1, {MAX_TREE_NODES}].")
+    return tree
 
 
 def _default_chooser(target: TargetModel, drafter: DrafterBackend, prompts: list[list[int]], max_new_tokens: int,
                      params: SamplingParams, generator, policy: DraftLengthPolicy | int, context_lookup: bool,
-                     confidence_trim: bool, tuning: Tuning) -> SourceChooser:
+                     confidence_trim: bool, tuning: Tuning, tree_size: int | str | None = "off") -> SourceChooser:
     """The drafter (with context lookup beside it where on) under the draft-length policy, or a fixed k.
 
     The drafts' read-out: the argmax over the drafter's read-out list (if any) when greedy; when sampling,
@@ -176,8 +207,15 @@ def _default_chooser(target: TargetModel, drafter: DrafterBackend, prompts: list
     else:
         read_out = DraftSampler(sampling_head_for(drafter, target), params, generator)
     capacity = max(len(p) for p in prompts) + max_new_tokens + drafter.config.block_size
-    source = DrafterSource(drafter, target.embed, read_out, len(prompts), capacity, target.device,
-                           trim_policy=policy if trim else None)
+    if tree_size != "off":
+        costs = tuning.cost_table(target, drafter, params) if tree_size is None else None
+        source = TreeSource(drafter, target.embed, candidate_read_out(drafter, target) if params.greedy else read_out,
+                            len(prompts), capacity, target.device, size=tree_size, costs=costs,
+                            max_nodes=2 * drafter.config.block_size - 1, generator=generator,
+                            calibration=tuning.tree_calibration(drafter) if params.greedy else None)
+    else:
+        source = DrafterSource(drafter, target.embed, read_out, len(prompts), capacity, target.device,
+                               trim_policy=policy if trim else None)
     if not isinstance(policy, DraftLengthPolicy):
         return FixedChoice(source, policy)
     lookup = lookup_policy = None
@@ -279,7 +317,7 @@ class _Decoder:
         self.clock.charge("draft_s")
         verdict = self.verifier.verify(self.target, self.tcache, step, proposal)  # verify + accept: one pass
         self.clock.charge("verify_s")
-        self.tcache.commit(proposal.k + 1, verdict.counts)  # commit: the target's cache keeps what was accepted
+        self.tcache.commit(proposal.k + 1, verdict.counts, verdict.kept)  # commit: the target's cache keeps the accepted
         self.chooser.observe(proposal, verdict)
         self.clock.start()
         for source in self.chooser.sources:  # the drafter injects the new features (drafter work, timed so)
@@ -301,6 +339,9 @@ class _Decoder:
         profile.drafter_steps += proposal.source == DrafterSource.name
         profile.lookup_steps += proposal.source == LookupSource.name
         profile.trimmed_steps += proposal.cut is not None
+        if proposal.trees is not None:
+            profile.tree_steps += 1
+            profile.tree_nodes += proposal.k
         if profile.step_log is not None:
             profile.step_log.append(StepRecord(proposal.source, proposal.k, tuple(verdict.counts)))
 

@@ -46,6 +46,10 @@ class DecodeProfile:
     trimmed_steps: int = 0
     """Steps (of `steps`) that verified fewer drafts than were drafted, by the drafter's confidence
     (`dflash_core.decode.draft_confidence`; a step trimmed to none is a plain step after a drafter pass)."""
+    tree_steps: int = 0
+    """Steps (of `drafter_steps`) that verified a token tree (`dflash_core.decode.tree`)."""
+    tree_nodes: int = 0
+    """Nodes of those trees, summed (per row: rows of one step share the size)."""
     step_log: list[StepRecord] | None = None
     """None (default), or a list each step appends its `StepRecord` to (kept for pricing, no clock needed)."""
 

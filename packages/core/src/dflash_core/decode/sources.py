@@ -54,9 +54,13 @@ class Proposal:
     """Per row, the drafts it really proposes (the rest is padding, verified and rejected or not, exact)."""
     cut: list[float] | None = None
     """Per row, the drafter's confidence in the first draft it trimmed away (None: nothing trimmed)."""
+    trees: list | None = None
+    """Per row, the `decode.tree.DraftTree` whose nodes the drafts are, in node order (None: a chain).
+    Sampled tree drafts' q is by depth: probs [B, D, V], q_d for the nodes at depth d."""
 
     @property
     def k(self) -> int:
+        """Drafts per row: a chain's length, a tree's node count."""
         return self.drafts.shape[1]
 
 
@@ -76,6 +80,9 @@ class Verdict:
     """[B, n] their positions."""
     counts: list[int]
     """Per row, how many of the n positions are now committed (accepted + 1, or the prompt's length)."""
+    kept: list[list[int]] | None = None
+    """A tree's verdict: per row, the verified positions committed (its accepted path, root 0 first); the
+    features above are theirs, in that order. None: the first counts[b] positions."""
 
 
 @runtime_checkable

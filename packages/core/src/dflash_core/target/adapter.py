@@ -189,14 +189,19 @@ class TargetModel:
         return [self.base.layers[i].register_forward_hook(hook_for(i)) for i in self.layer_ids]
 
     # ---- masks for ragged batches ------------------------------------------------------------------
-    def ragged_mask(self, key_positions: torch.Tensor, key_valid: torch.Tensor, query_positions: torch.Tensor):
+    def ragged_mask(self, key_positions: torch.Tensor, key_valid: torch.Tensor, query_positions: torch.Tensor,
+                    among_queries: torch.Tensor | None = None):
         """Attention mask for a cache whose rows hold different numbers of valid slots.
 
         key_positions/key_valid [B, S]; query_positions [B, T]. A query sees a valid key at a position
-        <= its own (and within the sliding window on windowed layers). Returns what the HF model
-        takes as `attention_mask`: a boolean [B, 1, T, S] tensor, or a dict per layer type.
+        <= its own (and within the sliding window on windowed layers). `among_queries` [B, T, T]: where the
+        last T keys are the queries themselves (a token tree), which of them each query may see too (its
+        ancestors and itself). Returns what the HF model takes as `attention_mask`: a boolean [B, 1, T, S]
+        tensor, or a dict per layer type.
         """
         visible = key_valid[:, None, :] & (key_positions[:, None, :] <= query_positions[:, :, None])
+        if among_queries is not None:
+            visible[:, :, -among_queries.shape[-1]:] &= among_queries
         window = getattr(self.config, "sliding_window", None)
         types = getattr(self.config, "layer_types", None)
         if window is None or (types is not None and "sliding_attention" not in types):

@@ -2,9 +2,10 @@
 
 A Hugging Face `DynamicCache` whose rows are kept packed to the left: row b's first `lengths[b]`
 slots hold its verified tokens (slot index == token position) and any slots beyond are stale.
-After each verification only the accepted entries of the block are kept; for a row that had
-stale slots they are moved down next to its prefix, then the whole cache is cut to the longest
-row. So memory never grows with rejected drafts, and nothing accepted is recomputed.
+After each verification only the accepted entries of the block are kept (a token tree's: its
+accepted path); where they do not already sit next to the row's prefix they are moved down there,
+then the whole cache is cut to the longest row. So memory never grows with rejected drafts, and nothing
+accepted is recomputed.
 """
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ class TargetCache:
     def is_ragged(self) -> bool:
         return any(length != self.slots for length in self.lengths)
 
-    def attention_mask(self, target: TargetModel, query_positions: torch.Tensor, query_valid: torch.Tensor | None = None):
+    def attention_mask(self, target: TargetModel, query_positions: torch.Tensor,
+                       query_valid: torch.Tensor | None = None, among_queries: torch.Tensor | None = None):
         """None when every row is full (the model's own causal mask is right), else a ragged mask.
 
         query_positions [B, T] are the positions of the tokens about to be appended; query_valid
-        [B, T] marks padding among them (prefill of prompts of different lengths).
+        [B, T] marks padding among them (prefill of prompts of different lengths); among_queries [B, T, T]
+        which of them each may see (a token tree: its ancestors and itself; `TargetModel.ragged_mask`).
         """
-        if not self.is_ragged() and query_valid is None:
+        if not self.is_ragged() and query_valid is None and among_queries is None:
             return None
         batch = query_positions.shape[0]
         device = query_positions.device
@@ -39,18 +42,21 @@ class TargetCache:
         new_valid = torch.ones_like(query_positions, dtype=torch.bool) if query_valid is None else query_valid
         key_positions = torch.cat([slots, query_positions], dim=1)
         key_valid = torch.cat([slots < lengths, new_valid], dim=1)
-        return target.ragged_mask(key_positions, key_valid, query_positions)
+        return target.ragged_mask(key_positions, key_valid, query_positions, among_queries)
 
-    def commit(self, appended: int, counts: list[int]) -> None:
-        """After a forward appended `appended` slots per row, keep the first counts[b] for row b."""
+    def commit(self, appended: int, counts: list[int], kept: list[list[int]] | None = None) -> None:
+        """After a forward appended `appended` slots per row, keep the first counts[b] for row b, or with
+        `kept` (a token tree's accepted path) its slots kept[b] (increasing), in that order."""
+        kept = kept if kept is not None else [list(range(c)) for c in counts]
         new_lengths = [length + c for length, c in zip(self.lengths, counts)]
         new_slots = max(new_lengths, default=0)
-        moves = [(b, self.lengths[b], c) for b, c in enumerate(counts) if self.lengths[b] != self.slots and c > 0]
+        moves = [(b, j, self.lengths[b] + i) for b, slots in enumerate(kept) for i, j in enumerate(slots)
+                 if self.lengths[b] + i != self.slots + j]
         if moves:
             device = self.cache.layers[0].keys.device
-            rows = torch.tensor([b for b, _, c in moves for _ in range(c)], device=device)
-            src = torch.tensor([self.slots + j for _, _, c in moves for j in range(c)], device=device)
-            dst = torch.tensor([start + j for _, start, c in moves for j in range(c)], device=device)
+            rows = torch.tensor([b for b, _, _ in moves], device=device)
+            src = torch.tensor([self.slots + j for _, j, _ in moves], device=device)
+            dst = torch.tensor([d for _, _, d in moves], device=device)
         for layer in self.cache.layers:
             keys, values = layer.keys, layer.values  # [B, heads, slots + appended, d]
             if moves:

@@ -272,11 +272,11 @@ class Trainer:
             lengths = []
             for prompt in self.options.eval_prompts:
                 ids = encode_prompt(self.tokenizer, prompt)[:, -512:]  # plain text or a chat
-                # the whole block verified every step: tau measures the drafter, not the machine's
-                # cost-aware draft-length policy (which would mix in plain steps)
+                # the whole block verified every step as a chain: tau measures the drafter, not the machine's
+                # cost-aware draft-length policy (which would mix in plain steps) or a token tree
                 result = generate(self.target, drafter, ids.to(self.place.device),
                                   max_new_tokens=self.options.eval_max_new_tokens,
-                                  draft_length=drafter.config.block_size - 1, stop_token_ids=stops)
+                                  draft_length=drafter.config.block_size - 1, stop_token_ids=stops, tree="off")
                 lengths.extend(result.acceptance_lengths[0])
             tau = sum(lengths) / max(1, len(lengths))
             self.tau_history.append((self.step, tau))

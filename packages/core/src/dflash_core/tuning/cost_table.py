@@ -1,7 +1,7 @@
 """The cost table the draft-length policy decides by (`draft_length`): what a step costs on this machine.
 
 `VerifyCostTable` holds, for one target/drafter pair at batch 1, the seconds of a target forward over
-q = 1..B new tokens (logits and the token choice included), of one drafter pass over a block, and of
+q = 1..B new tokens and over 2B and 4B (logits and the token choice included), of one drafter pass over a block, and of
 reading out one more draft through the target's LM head. `measure_cost_table` times them on the pair as
 it will decode; `cost_table_for` reads a pair's table from a cache directory (`cost_tables.json`, keyed by
 everything that changes the times; spot-checked against a few forwards timed now before it is trusted) or
@@ -31,6 +31,7 @@ from dflash_core.target.adapter import TargetModel
 from dflash_core.target.cache import truncate_cache
 from dflash_core.tuning.auto_dtype import machine_key, model_key, read_cache, write_cache
 
+WIDE_BLOCKS = (2, 4)  # wider forwards timed too, in blocks: a batch's rows or a token tree verified together
 SPOT_TOLERANCE = 1.25  # a cached cost table is measured again when a spot check now is this much faster
 GREEDY = SamplingParams()
 
@@ -45,6 +46,8 @@ class VerifyCostTable:
     """One drafter pass over a block of B positions, without the LM head; >= 0."""
     head_s: float = 0.0
     """The target's LM head + argmax over one more draft position (drafts are read only for k positions)."""
+    wide: tuple[tuple[int, float], ...] = ()
+    """(q, seconds) of wider forwards, q > B increasing (a batch's rows or a token tree verified together)."""
 
     def __post_init__(self) -> None:
         if not self.seconds or not all(math.isfinite(s) and s > 0 for s in self.seconds):
@@ -53,18 +56,30 @@ class VerifyCostTable:
             raise ValueError(f"drafter pass time must be >= 0 seconds, got {self.draft_s}")
         if not (math.isfinite(self.head_s) and self.head_s >= 0):
             raise ValueError(f"per-draft LM-head time must be >= 0 seconds, got {self.head_s}")
+        widths = [q for q, _ in self.wide]
+        if widths != sorted(set(widths)) or any(q <= len(self.seconds) or not (math.isfinite(t) and t > 0)
+                                                for q, t in self.wide):
+            raise ValueError(f"wide forwards must be (q, seconds) with q increasing past the block and seconds > 0, "
+                             f"got {self.wide}")
 
     @property
     def block_size(self) -> int:
         return len(self.seconds)
 
     def verify(self, q: int) -> float:
-        """Seconds of a target forward over q new tokens; past the table, extended linearly."""
+        """Seconds of a target forward over q new tokens; past the block, linear between the measured wide
+        forwards, and past the last of them extended with the last slope (`marginal_s` without any)."""
         if q < 1:
             raise ValueError(f"a target forward covers at least 1 token, got {q}")
         if q <= len(self.seconds):
             return self.seconds[q - 1]
-        return self.seconds[-1] + (q - len(self.seconds)) * self.marginal_s
+        low_q, low_s, slope = len(self.seconds), self.seconds[-1], self.marginal_s
+        for high_q, high_s in self.wide:
+            slope = max(0.0, (high_s - low_s) / (high_q - low_q))
+            if q <= high_q:
+                break
+            low_q, low_s = high_q, high_s
+        return low_s + (q - low_q) * slope
 
     @property
     def marginal_s(self) -> float:
@@ -88,13 +103,15 @@ class VerifyCostTable:
         return tuple(s / self.seconds[0] for s in self.seconds)
 
     def to_dict(self) -> dict:
-        return {"seconds": list(self.seconds), "draft_s": self.draft_s, "head_s": self.head_s}
+        return {"seconds": list(self.seconds), "draft_s": self.draft_s, "head_s": self.head_s,
+                "wide": [list(w) for w in self.wide]}
 
     @classmethod
     def from_dict(cls, data: dict) -> "VerifyCostTable":
         try:
             return cls(seconds=tuple(float(s) for s in data["seconds"]), draft_s=float(data["draft_s"]),
-                       head_s=float(data.get("head_s", 0.0)))
+                       head_s=float(data.get("head_s", 0.0)),
+                       wide=tuple((int(q), float(t)) for q, t in data.get("wide", ())))
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"not a verify cost table ({error}): expected {{'seconds': [...], 'draft_s': x}}") \
                 from None
@@ -113,8 +130,9 @@ class _StepTimer:
         self.target = TargetModel(model, drafter.config.target_layer_ids)  # features the drafter reads
         self.drafter, self.context, self.device = drafter, context, self.target.device
         generator = torch.Generator().manual_seed(0)
-        self.ids = torch.randint(0, self.target.vocab_size, (1, context + block_size), generator=generator).to(self.device)
-        self.positions = torch.arange(context + block_size, device=self.device)[None]  # [1, C + B]
+        width = block_size * WIDE_BLOCKS[-1]
+        self.ids = torch.randint(0, self.target.vocab_size, (1, context + width), generator=generator).to(self.device)
+        self.positions = torch.arange(context + width, device=self.device)[None]  # [1, C + widest]
         self.cache = DynamicCache()
         self.out = self.target(self.ids[:, :context], self.positions[:, :context], self.cache)
         masks = torch.full((1, block_size - 1), drafter.config.mask_token_id, dtype=torch.long, device=self.device)
@@ -125,7 +143,8 @@ class _StepTimer:
             self.read_out = read_out_for(drafter, self.target)
         else:  # drafts drawn from q over the whole vocabulary, kept by rejection against p
             self.read_out = DraftSampler(sampling_head_for(drafter, self.target), self.sampling, self.generator)
-            hidden = self.target(self.ids[:, context:], self.positions[:, context:], self.cache).hidden
+            end = context + block_size
+            hidden = self.target(self.ids[:, context:end], self.positions[:, context:end], self.cache).hidden
             self.target_probs = warp_logits(self.target.logits(hidden), self.sampling).softmax(dim=-1)  # [1, B, V]
             truncate_cache(self.cache, context)
         self.dcache = None
@@ -144,7 +163,8 @@ class _StepTimer:
 
     def draft(self, k: int) -> None:
         c = self.context
-        drafts = self.drafter.propose(self.dcache, self.noise, self.positions[:, c:], self.read_out, k)  # [1, k]
+        block = self.noise.shape[1]
+        drafts = self.drafter.propose(self.dcache, self.noise, self.positions[:, c : c + block], self.read_out, k)
         probs = self.read_out.take() if self.sampling is not None else None  # None: a backend read out greedily
         if probs is not None:  # the rejection test of sampled drafts is drafting's cost too
             speculative_accept(drafts, probs, self.target_probs[:, : k + 1], self.generator)
@@ -195,14 +215,17 @@ def measure_cost_table(target, drafter, block_size: int, *, context: int = 64, r
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     timer = _StepTimer(target, drafter, block_size, context, sampling)
-    items = [(timer.verify, q) for q in range(1, block_size + 1)]
+    widths = list(range(1, block_size + 1)) + [block_size * m for m in WIDE_BLOCKS]
+    items = [(timer.verify, q) for q in widths]
     best = timer.fastest(items + [(timer.draft, 1), (timer.draft, max(1, block_size - 1))], repeats)
-    seconds = best[:block_size]
-    for q in range(1, block_size):  # more tokens never cost less
+    seconds = best[: len(widths)]
+    for q in range(1, len(widths)):  # more tokens never cost less
         seconds[q] = max(seconds[q], seconds[q - 1])
-    one, full = best[block_size], best[block_size + 1]
+    one, full = best[len(widths)], best[len(widths) + 1]
     head_s = max(0.0, (full - one) / (block_size - 2)) if block_size > 2 else 0.0
-    return VerifyCostTable(seconds=tuple(seconds), draft_s=max(0.0, one - head_s), head_s=head_s)
+    wide = tuple(zip(widths[block_size:], seconds[block_size:]))
+    return VerifyCostTable(seconds=tuple(seconds[:block_size]), draft_s=max(0.0, one - head_s), head_s=head_s,
+                           wide=wide)
 
 
 @torch.inference_mode()
@@ -235,8 +258,8 @@ COST_FILE = "cost_tables.json"
 # (3: the drafter's block pass with fewer dispatched ops and the block's K/V in the cache's free slots; 4: the
 # target's multi-token verify on the CPU without a K/V copy per query group, `grouped_attention`; 5: sampled tokens
 # drawn by inverse CDF, `sampling.sample_categorical`, not torch.multinomial, which cost a sampling table's verify
-# 180-200 us per position on the Zen 4 EPYC), are measured again
-COST_METHOD = 5
+# 180-200 us per position on the Zen 4 EPYC; 6: wide forwards), are measured again
+COST_METHOD = 6  # 6: forwards over 2 and 4 blocks of tokens measured too (`VerifyCostTable.wide`)
 
 
 def cost_table_key(target: TargetModel, drafter, sampling: SamplingParams | None = None) -> str:

@@ -4,7 +4,8 @@ A library call never measures behind the caller's back into a file or a process-
 measurement that outlives one `generate` call lives in a `Tuning` object the caller holds.
 
 - `Tuning()` keeps everything in memory: the verify cost table of each pair (measured on first use, a
-  few forwards), the acceptance history of each drafter and draft source. Nothing is read or written.
+  few forwards), the acceptance history of each drafter and draft source, and how its token trees were
+  accepted. Nothing is read or written.
 - `Tuning.cached()` also reads and writes the cache directory (`$DFLASH_CACHE_DIR`, else
   `$XDG_CACHE_HOME/dflash`, else `~/.cache/dflash`): `cost_tables.json` and the dtype probe's
   `dtype_probe.json`, so the next process skips the measurement. The `dflash` command uses it unless
@@ -27,6 +28,7 @@ from dflash_core.target.adapter import TargetModel
 from dflash_core.tuning.auto_dtype import default_cache_dir
 from dflash_core.tuning.cost_table import VerifyCostTable, cost_table_for, cost_table_key, spot_times
 from dflash_core.tuning.draft_length import AcceptanceHistory
+from dflash_core.tuning.tree_calibration import Calibration
 
 SOURCES = ("drafter", "lookup")  # the draft sources whose acceptance a history is kept of
 
@@ -67,6 +69,14 @@ class Tuning:
         if source not in histories:
             histories[source] = AcceptanceHistory(drafter.config.block_size - 1)
         return histories[source]
+
+    def tree_calibration(self, drafter) -> Calibration:
+        """How greedy requests' token trees beside this drafter were accepted (`tree_calibration`), kept with
+        its histories (and saved and restored with them)."""
+        histories = self._histories.setdefault(drafter, {})
+        if "tree" not in histories:
+            histories["tree"] = Calibration()
+        return histories["tree"]
 
     def saved_histories(self, drafter) -> dict[str, AcceptanceHistory]:
         """A copy of `drafter`'s histories (every source), for `restore_histories`."""
