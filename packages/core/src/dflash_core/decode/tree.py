@@ -171,10 +171,11 @@ class TreeSource(DrafterSource):
         else:
             tokens, sorted_probs = candidates
         limit = self.max_nodes if self.size is None else self.size
-        trees = [grow_tree(row, limit, self.calibration) for row in sorted_probs.tolist()]
+        probs_by_row = sorted_probs.tolist()  # one device-to-host copy per step
+        trees = [grow_tree(row, limit, self.calibration) for row in probs_by_row]
         count = self._size(trees) if self.size is None else min(len(t) for t in trees)
         trees = [t.first(count) for t in trees]
-        for tree, row in zip(trees, sorted_probs.tolist()):
+        for tree, row in zip(trees, probs_by_row):
             on_chain = sum(not off for off in tree.off_chain)
             if on_chain < k:
                 tree.chain_next = self.calibration(row[on_chain][0])
