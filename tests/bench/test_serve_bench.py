@@ -130,6 +130,7 @@ def test_the_report_is_written_whole_with_ratios_to_plain(demo, tmp_path):
     rows = []
     for name in ("core-plain", "core"):
         rows += serve_bench.measure(CoreEngine(name, pair), ids[:2], [1, 2], request, reference, say=lambda _: None)
+    rows.append(dict(rows[-1], engine="vllm-dflash", server_env={"OMP_WAIT_POLICY": "PASSIVE"}))  # as a plugin's
     md = serve_report.write(tmp_path, "serve", rows, title="t", command="dflash bench serve", pair="demo",
                             prompts_file=DEMO / "heldout.jsonl", prompts=2, request={"temperature": 0.0,
                             "max_tokens": 24, "stop_token_ids": [0]}, dtype="fp32", served=[])
@@ -140,6 +141,7 @@ def test_the_report_is_written_whole_with_ratios_to_plain(demo, tmp_path):
     assert [r["concurrency"] for r in core] == [1, 2] and all(r["identical"] == 2 for r in core)
     assert all(r["vs_plain_total"] > 0 and len(r["per_request"]) == 2 for r in core)
     assert "| core | 2 |" in md.read_text() and data["machine"]["cpu"]
+    assert "server environment added by the plugin: vllm-dflash: OMP_WAIT_POLICY=PASSIVE" in md.read_text()
 
 
 # ---- refusals: one line, non-zero exit -------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from tiny import drafter_config, save_tiny_pair, tiny_drafter
 
 from dflash_core.errors import CheckpointError, CompatibilityError
 from dflash_vllm.environment import EXCLUDED, runtime_requirements
-from dflash_vllm.layout import launch_command, speculative_config, vllm_config
+from dflash_vllm.layout import cpu_threads_env, launch_command, speculative_config, vllm_config
 from dflash_vllm.preflight import check_draft_dir, check_pair, pair_problems
 
 
@@ -50,6 +50,15 @@ def test_speculative_config_and_command_name_the_method_and_block_minus_one():
     assert command[command.index("--dtype") + 1] == "float32" and command[-2:] == ["--tokenizer", "/m/draft/tokenizer"]
     sliding = drafter_config(layers=2, layer_types=["sliding_attention"] * 2, sliding_window=64)
     assert vllm_config(sliding, "bf16")["is_causal"] is False and "is_causal" not in vllm_config(cfg, "bf16")
+
+
+def test_a_cpu_of_few_cores_gives_the_model_every_core_and_keeps_what_the_caller_set():
+    assert cpu_threads_env([0, 1], {}) == {"VLLM_CPU_OMP_THREADS_BIND": "0,1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+                                         "OMP_WAIT_POLICY": "PASSIVE"}
+    assert cpu_threads_env([5, 3, 4], {})["VLLM_CPU_OMP_THREADS_BIND"] == "3,4,5"  # the cores this process may use
+    kept = cpu_threads_env([0, 1], {"OMP_WAIT_POLICY": "ACTIVE", "VLLM_CPU_OMP_THREADS_BIND": "auto"})
+    assert kept == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    assert cpu_threads_env(list(range(4)), {}) == {} == cpu_threads_env(list(range(64)), {})  # vLLM's own binding
 
 
 def test_pair_problems_are_one_line_each_and_the_last_layer_is_allowed():

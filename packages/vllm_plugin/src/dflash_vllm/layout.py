@@ -34,6 +34,27 @@ DEFAULT_DTYPE = "bf16"  # what vLLM serves DFlash in on a GPU; `dflash serve` pi
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # `vllm serve` needs the distribution named vllm
 CPU_KV_CACHE_BYTES = 1 << 30  # else vLLM's CPU worker reserves 92% of RAM and refuses to start if it is not free
 CPU_SERVER_ARGS = ["--enforce-eager", "--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES)]
+# Below this many cores the model gets all of them (cpu_threads_env)
+SMALL_CPU_CORES = 4
+
+
+def cpu_threads_env(cores: list[int], environ: dict[str, str]) -> dict[str, str]:
+    """The environment vLLM's CPU server gets for DFlash on a machine of few cores (`cores`: usable core ids).
+
+    vLLM's CPU worker binds its OpenMP threads to every core but one and leaves that one to its scheduler
+    and API server (VLLM_CPU_OMP_THREADS_BIND=auto, utils/ompmultiprocessing.py). On two cores that halves
+    the compute of every forward, and a DFlash verify of 16 tokens per request is compute once a few users
+    share a step. With fewer than SMALL_CPU_CORES cores the model gets every core, and OpenMP threads sleep
+    when idle rather than spin, so the scheduler and the server still get time. Measured on a 2-core Zen 4,
+    demo pair (docs/benchmarks.md): vLLM DFlash 1.13-1.26x at 4-16 users, the same at 1; plain vLLM gains
+    at 16 users but loses up to 20% at 2, so the plain server keeps vLLM's binding. A variable the caller
+    set is kept; more cores keep vLLM's own binding.
+    """
+    if len(cores) >= SMALL_CPU_CORES:
+        return {}
+    wanted = {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(core) for core in sorted(cores)),
+              "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "OMP_WAIT_POLICY": "PASSIVE"}
+    return {name: value for name, value in wanted.items() if name not in environ}
 
 
 def num_speculative_tokens(config: DFlashConfig) -> int:

