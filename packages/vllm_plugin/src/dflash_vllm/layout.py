@@ -46,7 +46,7 @@ def cpu_threads_env(cores: list[int], environ: dict[str, str]) -> dict[str, str]
     the compute of every forward, and a DFlash verify of 16 tokens per request is compute once a few users
     share a step. With fewer than SMALL_CPU_CORES cores the model gets every core, and OpenMP threads sleep
     when idle rather than spin, so the scheduler and the server still get time. Measured on a 2-core Zen 4,
-    demo pair (docs/benchmarks.md): vLLM DFlash 1.13-1.26x at 4-16 users, the same at 1; plain vLLM gains
+    demo pair (docs/benchmarks.md): vLLM DFlash 1.16-1.50x at 4-16 users, the same at 1-2; plain vLLM gains
     at 16 users but loses up to 20% at 2, so the plain server keeps vLLM's binding. A variable the caller
     set is kept; more cores keep vLLM's own binding.
     """
