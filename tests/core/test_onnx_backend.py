@@ -10,6 +10,7 @@ from tiny import drafter_config, tiny_drafter, tiny_target
 from dflash_core import CheckpointError, CompatibilityError, generate
 from dflash_core.tuning.cost_table import VerifyCostTable
 from dflash_core.tuning.draft_length import DraftLengthPolicy
+from dflash_core.tuning.plan import Tuning
 from dflash_core.model.onnx_export import export_onnx
 from dflash_core.model.ort_drafter import load_onnx_drafter
 
@@ -45,8 +46,11 @@ def test_greedy_equals_target_and_torch_drafter(exported):
 def test_sampling_runs_and_is_seeded(exported):
     model, _, path = exported
     onnx_drafter = load_onnx_drafter(path)
-    a = generate(model, onnx_drafter, torch.tensor([[1, 2, 3]]), max_new_tokens=20, temperature=1.0, seed=5)
-    b = generate(model, onnx_drafter, torch.tensor([[1, 2, 3]]), max_new_tokens=20, temperature=1.0, seed=5)
+    tuning = Tuning()  # one measured cost table for both calls: "auto" draft lengths follow it, and with them the draws
+    a = generate(model, onnx_drafter, torch.tensor([[1, 2, 3]]), max_new_tokens=20, temperature=1.0, seed=5,
+                 tuning=tuning)
+    b = generate(model, onnx_drafter, torch.tensor([[1, 2, 3]]), max_new_tokens=20, temperature=1.0, seed=5,
+                 tuning=tuning)
     assert a.tokens == b.tokens and len(a.tokens[0]) == 20
 
 

@@ -12,6 +12,7 @@ from collections import Counter
 import pytest
 import torch
 from dflash_core import GenerationError, generate
+from dflash_core.tuning.plan import Tuning
 from tiny import drafter_config, tiny_drafter, tiny_target
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
@@ -139,9 +140,10 @@ def test_the_test_can_fail(pair):
 def test_seed_reproduces_and_varies(pair):
     model, drafter = pair
     ids = torch.tensor([PROMPT] * 8)
-    a = generate(model, drafter, ids, max_new_tokens=20, temperature=1.0, seed=3).tokens
-    b = generate(model, drafter, ids, max_new_tokens=20, temperature=1.0, seed=3).tokens
-    c = generate(model, drafter, ids, max_new_tokens=20, temperature=1.0, seed=4).tokens
+    tuning = Tuning()  # one cost table: "auto" draft lengths follow it, and they decide which draws a seed feeds
+    a = generate(model, drafter, ids, max_new_tokens=20, temperature=1.0, seed=3, tuning=tuning).tokens
+    b = generate(model, drafter, ids, max_new_tokens=20, temperature=1.0, seed=3, tuning=tuning).tokens
+    c = generate(model, drafter, ids, max_new_tokens=20, temperature=1.0, seed=4, tuning=tuning).tokens
     assert a == b and a != c
 
 

@@ -131,7 +131,9 @@ def generate(target, drafter: DrafterBackend, input_ids: torch.Tensor, *, max_ne
     "off" otherwise: where trees measured faster than the chain (docs/benchmarks.md, "Token trees").
     `tuning`: the `Tuning` whose cost tables and acceptance histories "auto" uses (`load_pair` returns one as
     `pair.tuning`); without one, a fresh in-memory `Tuning` measures the cost table for this call alone and
-    nothing is written anywhere.
+    nothing is written anywhere. A sampled request's `seed` reproduces its tokens under the same `tuning`
+    (the same cost table): "auto" draft lengths follow the measured costs, and the length decides which
+    draws the seed feeds (never the law of the output). Two calls without one may differ.
     `chooser` / `verifier`: draft sources and the policy choosing among them, and how a proposal is verified
     (`decode.choice`, `decode.verify`), in place of the defaults built from the arguments above.
     `profile`: a `DecodeProfile` to fill with per-phase timings (off by default: no clocks, no syncs).
