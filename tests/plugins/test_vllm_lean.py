@@ -43,7 +43,8 @@ def test_the_environment_list_keeps_vision_and_audio_out_and_pins_the_installed_
 
 def test_speculative_config_and_command_name_the_method_and_block_minus_one():
     cfg = drafter_config(hidden=32, target_layers=8, layers=2, block_size=16, layer_ids=(1, 7))
-    assert speculative_config("/m/draft", cfg) == {"method": "dflash", "model": "/m/draft", "num_speculative_tokens": 15}
+    assert speculative_config("/m/draft", cfg) == {"method": "dflash", "model": "/m/draft", "num_speculative_tokens": 15,
+                                                   "draft_sample_method": "probabilistic"}
     command = launch_command("/m/target", "/m/draft", cfg, dtype="fp32", port=8100, tokenizer="/m/draft/tokenizer")
     assert command[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
     assert json.loads(command[command.index("--speculative-config") + 1])["num_speculative_tokens"] == 15
@@ -85,7 +86,8 @@ def test_dflash_convert_to_vllm_round_trip_and_its_checks(tmp_path, capsys):
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"] and config["dtype"] == "bfloat16"
     assert json.loads((out / "speculative_config.json").read_text()) == {
-        "method": "dflash", "model": str(out.resolve()), "num_speculative_tokens": 7}
+        "method": "dflash", "model": str(out.resolve()), "num_speculative_tokens": 7,
+        "draft_sample_method": "probabilistic"}
     source, written = load_file(str(drafter / "model.safetensors")), load_file(str(out / "model.safetensors"))
     assert source.keys() == written.keys()
     assert all((source[k].bfloat16() == written[k]).all() for k in source)
