@@ -19,7 +19,7 @@ import pytest
 from dflash_bench import serve_bench, serve_report
 from dflash_bench.serve_client import (VLLM_ACCEPTED, VLLM_DRAFT_STEPS, CompletionJob, Reply, apply_event,
                                        prometheus_counters, sse_events)
-from dflash_bench.serve_engines import CoreEngine, Request, started
+from dflash_bench.serve_engines import CoreEngine, Request, sglang_accepted_length, started
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "models" / "demo"
@@ -51,6 +51,17 @@ def test_sglang_verify_counts_and_stream_errors_are_read():
     broken = Reply(prompt=0, sent_s=0.0)
     apply_event(broken, {"error": {"message": "engine dead", "code": 500}}, 1.0)
     assert "engine dead" in broken.error
+
+
+def test_sglang_accepted_length_counts_a_request_that_ended_at_its_first_token_as_no_step():
+    def reply(tokens, steps):
+        return Reply(prompt=0, sent_s=0.0, completion_tokens=tokens, verify_steps=steps)
+
+    # 95 + 47 tokens after the prefill's in 40 + 20 steps; the third ended at its first token (no details sent)
+    assert sglang_accepted_length([reply(96, 40), reply(48, 20), reply(1, None)]) == pytest.approx(142 / 60)
+    assert sglang_accepted_length([reply(96, 40), reply(48, None)]) is None  # a longer reply without them
+    assert sglang_accepted_length([reply(1, None), reply(1, None)]) is None  # nothing verified
+    assert sglang_accepted_length([reply(96, None)]) is None  # a plain server
 
 
 def test_prometheus_counters_sum_label_sets_and_skip_lookalikes():

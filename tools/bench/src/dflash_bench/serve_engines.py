@@ -90,10 +90,19 @@ class ServedEngine:
             after = vllm_counters(self.url)
             steps = after[VLLM_DRAFT_STEPS] - before[VLLM_DRAFT_STEPS]
             return 1 + (after[VLLM_ACCEPTED] - before[VLLM_ACCEPTED]) / steps if steps else None
-        steps = [r.verify_steps for r in replies]
-        if any(s is None for s in steps) or not sum(steps):
-            return None
-        return sum(max(0, r.completion_tokens - 1) for r in replies) / sum(steps)
+        return sglang_accepted_length(replies)
+
+
+def sglang_accepted_length(replies: list[Reply]) -> float | None:
+    """Tokens per verify step over SGLang's replies: (completion tokens - 1) / spec_verify_ct, summed.
+
+    A request that ended at its prefill's token never verified and SGLang sends no speculative details for it
+    (tokenizer_manager: only when spec_verify_ct > 0): it counts 0 steps. None when a longer reply has none
+    (a server without speculative decoding, or one that does not report it) or nothing was verified."""
+    steps = [0 if r.verify_steps is None and (r.completion_tokens or 0) <= 1 else r.verify_steps for r in replies]
+    if any(s is None for s in steps) or not sum(steps):
+        return None
+    return sum(max(0, (r.completion_tokens or 0) - 1) for r in replies) / sum(steps)
 
 
 @contextlib.contextmanager
