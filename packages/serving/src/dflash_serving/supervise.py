@@ -19,7 +19,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from .launch import Launch, ServeError
 
@@ -113,6 +113,19 @@ class Server:
         except (ProcessLookupError, PermissionError):
             pass
         return self.process.returncode if self.process.returncode is not None else -9
+
+
+def serve_launch(launch: Launch, cache: Path, *, notes: Iterable[str] = (), print_command: bool = False,
+                 log: Path | None = None, timeout: float = 900) -> int:
+    """What `dflash serve` does with a checked launch: print its command line (`print_command`), or print each
+    note to stderr and serve until Ctrl-C (the log under cache/logs unless `log` is given)."""
+    if print_command:
+        print(launch.shell())
+        return 0
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr, flush=True)
+    log = log or Path(cache) / "logs" / f"server-{launch.port}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    return serve_forever(launch, log, timeout=timeout)
 
 
 def serve_forever(launch: Launch, log: Path, *, timeout: float = 900,

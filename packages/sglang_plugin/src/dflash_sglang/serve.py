@@ -5,19 +5,18 @@ The CLI (`dflash_cli.serve`) is a thin layer over `serve`; everything that knows
 
 from __future__ import annotations
 
-import sys
-import time
 from pathlib import Path
 
+from dflash_serving.supervise import serve_launch
+
 from .preflight import check_draft_dir
-from .server import serve_forever
 from .serving import (Launch, build_launch, check_target, find_sglang_python, is_sglang_draft_dir, prepare_drafter,
                       probe, resolve_device, served_dtype)
 
 DEFAULT_CACHE = Path("runs") / "sglang-serve"  # converted drafters and server logs (relative to the caller's cwd)
 # SGLang has no CPU kernel for DFLASH's sampling verify (kernels/ops/speculative/verify_sampling.py: None
 # off CUDA/MUSA/NPU), so its worker verifies every request greedily there (dflash_worker_v2.py, the else branch)
-CPU_SAMPLING_NOTE = ("note: on the CPU SGLang verifies drafts greedily for every request (it has no CPU sampling "
+CPU_SAMPLING_NOTE = ("on the CPU SGLang verifies drafts greedily for every request (it has no CPU sampling "
                      "kernel): temperature 0 is served exactly; temperature > 0 is not a sample of the target.")
 
 
@@ -27,17 +26,12 @@ def serve(target: str, drafter: str, *, port: int = 30000, device: str = "auto",
     """Serve `target` with `drafter` through SGLang's native DFLASH until Ctrl-C; 0 on a clean stop.
 
     Bad input raises DFlashError (one line) before SGLang starts; a server that dies raises
-    server.ServerDied with SGLang's last error line.
+    dflash_serving.supervise.ServerDied with SGLang's last error line.
     """
     launch = launch_for(target, drafter, port=port, device=device, dtype=dtype, sglang_python=sglang_python,
                         extra=extra, cache=cache)
-    if print_command:
-        print(launch.shell())
-        return 0
-    if launch.device == "cpu":
-        print(CPU_SAMPLING_NOTE, file=sys.stderr, flush=True)
-    log = log or Path(cache) / "logs" / f"server-{port}-{time.strftime('%Y%m%d-%H%M%S')}.log"
-    return serve_forever(launch, log, timeout=timeout)
+    notes = [CPU_SAMPLING_NOTE] if launch.device == "cpu" else []
+    return serve_launch(launch, cache, notes=notes, print_command=print_command, log=log, timeout=timeout)
 
 
 def launch_for(target: str | Path, drafter: str | Path | None, *, port: int = 30000, device: str = "auto",

@@ -6,11 +6,9 @@ The CLI (`dflash_cli.serve`) is a thin layer over `serve`; everything that knows
 from __future__ import annotations
 
 import json
-import sys
-import time
 from pathlib import Path
 
-from dflash_serving.supervise import serve_forever
+from dflash_serving.supervise import serve_launch
 
 from .preflight import check_draft_dir, ignored_notes
 from .serving import (Launch, ServeError, build_launch, check_target, find_vllm_python, is_vllm_draft_dir,
@@ -29,13 +27,8 @@ def serve(target: str, drafter: str, *, port: int = 8000, device: str = "auto", 
     """
     launch = launch_for(target, drafter, port=port, device=device, dtype=dtype, vllm_python=vllm_python, extra=extra,
                         cache=cache)
-    if print_command:
-        print(launch.shell())
-        return 0
-    for note in ignored_notes(Path(drafter)):
-        print(f"note: {note}", file=sys.stderr, flush=True)
-    log = log or Path(cache) / "logs" / f"server-{port}-{time.strftime('%Y%m%d-%H%M%S')}.log"
-    return serve_forever(launch, log, timeout=timeout)
+    notes = () if print_command else ignored_notes(Path(drafter))
+    return serve_launch(launch, cache, notes=notes, print_command=print_command, log=log, timeout=timeout)
 
 
 def launch_for(target: str | Path, drafter: str | Path | None, *, port: int = 8000, device: str = "auto",
