@@ -12,7 +12,6 @@ an fp32 copy of the target on the same prefix, how far apart the two competing t
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from pathlib import Path
@@ -78,14 +77,9 @@ def measure(target_dir: Path, drafter_dir: Path, prompts: list[str], *, dtype: s
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .report import write_report
+    from .report import pair_parser, write_report
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", type=Path, default=Path("models/demo/target"))
-    parser.add_argument("--drafter", type=Path, default=Path("models/demo/drafter"))
-    parser.add_argument("--prompts-file", type=Path, default=Path("models/demo/heldout.jsonl"))
-    parser.add_argument("--prompts", type=int, default=24)
-    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser = pair_parser(__doc__, max_new_tokens=256)
     parser.add_argument("--dtype", choices=SHORT_NAMES, default="bf16")
     parser.add_argument("--out", type=Path, default=Path("docs/results"))
     args = parser.parse_args(argv)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -9,6 +10,19 @@ from typing import Sequence
 
 from dflash_core.files.atomic import atomic_file, atomic_path, write_json
 from .machine import describe, one_line
+
+
+def pair_parser(doc: str | None, *, prompts: bool = True, max_new_tokens: int = 128) -> argparse.ArgumentParser:
+    """A study's argument parser with the pair it measures (the demo pair by default) and, with `prompts`, the
+    held-out prompts it decodes (--prompts-file, --prompts, --max-new-tokens); the study adds its own."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", type=Path, default=Path("models/demo/target"))
+    parser.add_argument("--drafter", type=Path, default=Path("models/demo/drafter"))
+    if prompts:
+        parser.add_argument("--prompts-file", type=Path, default=Path("models/demo/heldout.jsonl"))
+        parser.add_argument("--prompts", type=int, default=24)
+        parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+    return parser
 
 
 def markdown_table(columns: Sequence[str], rows: Sequence[Sequence]) -> str:

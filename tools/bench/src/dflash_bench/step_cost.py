@@ -21,7 +21,6 @@ Measured on one pair, after a cached context of `--context` tokens, each the fas
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -37,7 +36,7 @@ from dflash_core.decode.profiling import sync_device
 from dflash_core.target.adapter import TargetModel, cache_argument
 from dflash_core.target.cache import truncate_cache
 
-from .report import write_report
+from .report import pair_parser, write_report
 
 
 def _fastest(run, repeats: int, device: torch.device) -> float:
@@ -171,9 +170,7 @@ def _compiled_draft(drafter, dcache, noise, block_pos, repeats: int, device) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", type=Path, default=Path("models/demo/target"))
-    parser.add_argument("--drafter", type=Path, default=Path("models/demo/drafter"))
+    parser = pair_parser(__doc__, prompts=False)
     parser.add_argument("--dtype", choices=("auto",) + SHORT_NAMES, default="auto")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--context", type=int, default=256)

@@ -11,7 +11,6 @@ prompts in order, as a serving process learns it (the same `Tuning` for every si
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -54,14 +53,9 @@ def measure(target_dir: Path, drafter_dir: Path, prompts: list, *, sizes, dtype:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .report import plot_lines, write_report
+    from .report import pair_parser, plot_lines, write_report
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", type=Path, default=Path("models/demo/target"))
-    parser.add_argument("--drafter", type=Path, default=Path("models/demo/drafter"))
-    parser.add_argument("--prompts-file", type=Path, default=Path("models/demo/heldout.jsonl"))
-    parser.add_argument("--prompts", type=int, default=24)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser = pair_parser(__doc__, max_new_tokens=128)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)))
     parser.add_argument("--dtype", default="fp32")
