@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from dflash_core.model.draft_vocab import SubsetReadOut, draft_head_for, read_out_for
+from dflash_core.model.draft_vocab import read_out_logits
 from dflash_core.sampling.tokens import greedy_tokens
 
 
@@ -52,7 +52,4 @@ class ConfidentReadOut:
 
 def confident_read_out(drafter, target) -> ConfidentReadOut:
     """`read_out_for(drafter, target)`'s drafts, with their confidences."""
-    read_out = read_out_for(drafter, target)
-    if isinstance(read_out, SubsetReadOut):
-        return ConfidentReadOut(read_out.logits, read_out.ids)
-    return ConfidentReadOut(draft_head_for(drafter, target), None)
+    return ConfidentReadOut(*read_out_logits(drafter, target))

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dflash_core.decode.sources import DrafterSource, Proposal, StepInput, Verdict
-from dflash_core.model.draft_vocab import SubsetReadOut, draft_head_for, read_out_for
+from dflash_core.model.draft_vocab import read_out_logits
 from dflash_core.sampling.multi_candidate import draw_without_replacement
 from dflash_core.sampling.speculative import DraftSampler
 from dflash_core.tuning.cost_table import VerifyCostTable
@@ -134,10 +134,7 @@ class CandidateReadOut:
 
 def candidate_read_out(drafter, target) -> CandidateReadOut:
     """`read_out_for(drafter, target)`'s drafts over the same list, with the top candidates kept."""
-    read_out = read_out_for(drafter, target)
-    if isinstance(read_out, SubsetReadOut):
-        return CandidateReadOut(read_out.logits, read_out.ids)
-    return CandidateReadOut(draft_head_for(drafter, target), None)
+    return CandidateReadOut(*read_out_logits(drafter, target))
 
 
 class TreeSource(DrafterSource):

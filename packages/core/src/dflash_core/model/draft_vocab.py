@@ -132,6 +132,15 @@ def read_out_for(drafter, target) -> ReadOut:
     return cached[1]
 
 
+def read_out_logits(drafter, target) -> tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor | None]:
+    """(logits, ids) of `read_out_for`'s read-out, for read-outs that keep more than the argmax: hidden ->
+    logits over the drafter's list (column j is token ids[j]), or over the whole vocabulary (ids None)."""
+    read_out = read_out_for(drafter, target)
+    if isinstance(read_out, SubsetReadOut):
+        return read_out.logits, read_out.ids
+    return draft_head_for(drafter, target), None
+
+
 def draft_head_for(drafter, target) -> Callable[[torch.Tensor], torch.Tensor]:
     """The LM head drafts are read out through over the whole vocabulary (sampled drafts' q, drafters
     without a list): the target's own, or for a drafter decoding with fp16-packed or bf16 weight copies such
