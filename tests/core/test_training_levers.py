@@ -200,6 +200,8 @@ LEVERS = {
     "init": (["--init-from-target", "--layers", "2"], {"init_from_target": True}, ["--layers", "2"],
              "init_from_target", (1, 3)),
     "loss-over-list": (["--loss-vocab", "list"], {"loss_vocab": "list"}, ["--loss-vocab", "full"], "loss_vocab", (3,)),
+    "narrow-mlp": (["--intermediate-size", "24"], {"intermediate_size": 24}, ["--intermediate-size", "40"],
+                   "intermediate_size", (3,)),
 }
 
 
@@ -231,6 +233,8 @@ def test_lever_round_trips_and_decodes_losslessly(setup, tmp_path, capsys, lever
     assert generate(model, drafter, ids_in, max_new_tokens=20).tokens[0] == want
     # sampled drafts stay on the read-out list exactly when the loss ran over it (draft_vocab.json says so)
     assert drafter.sample_over_list == (lever == "loss-over-list") and drafter.draft_vocab
+    # the draft MLP is the target's width unless narrowed (the tiny target's is 64)
+    assert drafter.layers[0].mlp.down_proj.weight.shape[1] == (24 if lever == "narrow-mlp" else 64)
     if lever == "init":  # two small steps from the target's last two layers, not from random weights
         for draft_layer, index in zip(drafter.layers, (4, 5)):
             source = model.model.layers[index].mlp.down_proj.weight
@@ -303,6 +307,8 @@ def test_several_data_directories_train_as_one_joined_set(setup, tmp_path, capsy
     (["--feature-layers", "2", "--target-layer-ids", "1,2"], r"--target-layer-ids: not allowed with argument"),
     (["--feature-layers", "5"], r"feature_layers is 5 but the reference spacing .* holds only 3 distinct layers"),
     (["--loss-vocab", "vocab"], r"--loss-vocab: got 'vocab', expected one of full, list"),
+    (["--intermediate-size", "0"], r"--intermediate-size: got '0', expected an integer >= 1"),
+    (["--intermediate-size", "16", "--init-from-target"], r"'intermediate_size' is 16, expected unset with init_from"),
     (["--loss-vocab", "list", "--no-draft-vocab"], r"--loss-vocab list needs the read-out list that --no-draft-vocab"),
 ])
 def test_bad_lever_settings(setup, tmp_path, capsys, extra, pattern):

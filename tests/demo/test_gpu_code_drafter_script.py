@@ -19,6 +19,7 @@ SCRIPT = ROOT / "tools/gpu/train_code_drafter.sh"
 def _env(tmp_path: Path, target: Path, **extra) -> dict:
     return {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "DEVICE": "cpu", "TARGET": str(target),
             "MASK_TOKEN": "<|MASK|>", "PROMPTS": "3", "TOKENS": "12", "DATA_BATCH": "3", "FEATURE_CANDIDATES": "1,3", "EPOCHS": "1",
+            "INTERMEDIATE": "48",
             "ANCHORS": "8", "EVAL_PROMPTS": "2", "EVAL_TOKENS": "6", "PYTHON": sys.executable, "OMP_NUM_THREADS": "1",
             **extra}
 
@@ -41,6 +42,7 @@ def test_code_drafter_script_trains_from_stored_features(tmp_path):
     assert index["settings"]["layer_ids"] == [1, 2, 3] and index["samples"] == 3
     state = json.loads((out / "drafter" / "train_state" / "state.json").read_text())["meta"]
     assert state["drafter"]["dflash_config"]["target_layer_ids"] == [3] and state["train"]["loss_vocab"] == "list"
+    assert state["train"]["intermediate_size"] == 48 and state["drafter"]["intermediate_size"] == 48
     log = (out / "log.txt").read_text()
     assert all(f"{stage}: " in log for stage in ("prompts", "data", "features", "train", "held-out tau"))
 

@@ -12,13 +12,14 @@
 #   features  the target's features of every sample, stored once (`dflash features`: the layers of every
 #             FEATURE_CANDIDATES spacing, so other feature layers can be tried on the same cache); FEATURES=0
 #             skips it and trains from the live target instead (the same math)
-#   train     `dflash train --features`: LAYERS draft layers fed by FEATURE_LAYERS target layers, block 16,
+#   train     `dflash train --features`: LAYERS draft layers (MLP width INTERMEDIATE, 4096: 54 MB in bf16)
+#             fed by FEATURE_LAYERS target layers, block 16,
 #             the loss over the read-out list, the padding entry [PAD151665] as mask (the tokenizer fills every
 #             embedding row, so <|MASK|> has none to take)
 #   tau       held-out tau (whole block verified; fp32 and bf16, T=0 and T=1) on models/qwen-coder/heldout.jsonl
 # Writes OUT_DIR/log.txt (with each stage's seconds), OUT_DIR/tau.json and the drafter in OUT_DIR/drafter.
 # DEVICE, TARGET, HELDOUT, MASK_TOKEN, PROMPTS, TOKENS, DATA_BATCH, FEATURES, FEATURE_CANDIDATES, LAYERS,
-# FEATURE_LAYERS, ANCHORS, EPOCHS, EVAL_PROMPTS, EVAL_TOKENS override the defaults (the test runs it on the CPU, tiny).
+# FEATURE_LAYERS, INTERMEDIATE, ANCHORS, EPOCHS, EVAL_PROMPTS, EVAL_TOKENS override the defaults (the test runs it on the CPU, tiny).
 set -euo pipefail
 OUT="${1:?usage: tools/gpu/train_code_drafter.sh OUT_DIR}"
 PYTHON="${PYTHON:-python3}"
@@ -29,7 +30,7 @@ DEVICE="${DEVICE:-cuda}" TARGET="${TARGET:-$ROOT/models/qwen-coder/target}"
 HELDOUT="${HELDOUT:-$ROOT/models/qwen-coder/heldout.jsonl}" MASK_TOKEN="${MASK_TOKEN:-[PAD151665]}"
 PROMPTS="${PROMPTS:-6000}" TOKENS="${TOKENS:-256}" DATA_BATCH="${DATA_BATCH:-128}"
 FEATURES="${FEATURES:-1}" FEATURE_CANDIDATES="${FEATURE_CANDIDATES:-1,3,5}"
-LAYERS="${LAYERS:-1}" FEATURE_LAYERS="${FEATURE_LAYERS:-1}" ANCHORS="${ANCHORS:-48}" EPOCHS="${EPOCHS:-3}"
+LAYERS="${LAYERS:-1}" FEATURE_LAYERS="${FEATURE_LAYERS:-1}" INTERMEDIATE="${INTERMEDIATE:-4096}" ANCHORS="${ANCHORS:-48}" EPOCHS="${EPOCHS:-3}"
 EVAL_PROMPTS="${EVAL_PROMPTS:-16}" EVAL_TOKENS="${EVAL_TOKENS:-128}"
 [[ -f "$TARGET/config.json" ]] || { echo "no target at $TARGET: run \`make code-model\` (or set TARGET)" >&2; exit 2; }
 [[ "$FEATURES" == 0 || "$FEATURES" == 1 ]] || { echo "FEATURES=$FEATURES: expected 0 or 1" >&2; exit 2; }
@@ -55,7 +56,7 @@ print('device:', torch.cuda.get_device_name(0) if d != 'cpu' else 'cpu', '| torc
   fi
   echo "features: $SECONDS s"; SECONDS=0
   "$PYTHON" -m dflash_cli train --target "$TARGET" --data "$OUT/data" "${from_features[@]}" --out "$OUT/drafter" \
-      --device "$DEVICE" --dtype "$DTYPE" --layers "$LAYERS" --feature-layers "$FEATURE_LAYERS" --block-size 16 \
+      --device "$DEVICE" --dtype "$DTYPE" --layers "$LAYERS" --feature-layers "$FEATURE_LAYERS" --intermediate-size "$INTERMEDIATE" --block-size 16 \
       --anchors "$ANCHORS" --batch-size 8 --epochs "$EPOCHS" --loss-vocab list --mask-token "$MASK_TOKEN" \
       --checkpoint-every 200 --no-progress
   echo "train: $SECONDS s"; SECONDS=0

@@ -37,6 +37,8 @@ def add_parser(commands) -> None:
     d = TrainConfig()
     p.add_argument("--layers", type=flags.integer(1), default=d.draft_layers, help="draft layers")
     p.add_argument("--block-size", type=flags.integer(2), default=d.block_size)
+    p.add_argument("--intermediate-size", type=flags.integer(1), default=None,
+                   help="the draft layers' MLP width (default: the target's); narrower makes a smaller, cheaper drafter")
     features = p.add_mutually_exclusive_group()
     features.add_argument("--target-layer-ids", default=None,
                           help="comma-separated target layers (default: reference spacing)")
@@ -136,7 +138,7 @@ def run(args) -> int:
         seed=args.seed, distill=args.distill, distill_weight=args.distill_weight,
         distill_temperature=args.distill_temperature, feature_layers=args.feature_layers,
         init_from_target=args.init_from_target, init_from=args.init_from, grow_from=args.grow_from,
-        mask_token=args.mask_token, loss_vocab=args.loss_vocab)
+        mask_token=args.mask_token, loss_vocab=args.loss_vocab, intermediate_size=args.intermediate_size)
     if args.loss_vocab == "list" and args.no_draft_vocab:
         raise ConfigError("--loss-vocab list needs the read-out list that --no-draft-vocab turns off: expected one "
                           "or the other.")

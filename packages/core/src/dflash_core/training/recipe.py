@@ -72,6 +72,9 @@ class TrainConfig:
     """Start as this shallower (or fewer-featured) drafter's function, new layers and features at zero (grow.py)."""
     mask_token: str = MASK_TOKEN
     """The drafter's mask token: <|MASK|> (added when absent), or an existing token of the vocabulary."""
+    intermediate_size: int | None = None
+    """The draft layers' MLP width; None = the target's. A narrower MLP shrinks the drafter (a 1-layer drafter of
+    Qwen2.5-Coder-1.5B is 98 MB in bf16 at the target's 8,960, 54 MB at 4,096) and its step."""
     loss_vocab: str = "full"
     """The loss's softmax over the whole vocabulary, or over the read-out list only ("list": the list greedy
     drafts are read out over, so the loss is the decoder's argmax; labels outside it leave the loss; the
@@ -111,6 +114,9 @@ class TrainConfig:
              "unset with init_from_target (one starting point or the other)"),
             (self.grow_from is None or (self.init_from is None and not self.init_from_target), "grow_from",
              "unset with init_from or init_from_target (one starting point or the other)"),
+            (self.intermediate_size is None or self.intermediate_size >= 1, "intermediate_size", "an integer >= 1"),
+            (self.intermediate_size is None or not self.init_from_target, "intermediate_size",
+             "unset with init_from_target (the target's layers are copied at their own width)"),
         ]
         for ok, name, expected in checks:
             if not ok:
@@ -160,7 +166,7 @@ def drafter_config_for(target, mask_token_id: int, train: TrainConfig) -> DFlash
         num_attention_heads=heads,
         num_key_value_heads=getattr(c, "num_key_value_heads", None) or heads,
         head_dim=getattr(c, "head_dim", None) or target.hidden_size // heads,
-        intermediate_size=c.intermediate_size,
+        intermediate_size=train.intermediate_size or c.intermediate_size,
         vocab_size=target.vocab_size,
         block_size=train.block_size,
         num_target_layers=layers,
