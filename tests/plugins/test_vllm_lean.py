@@ -16,7 +16,8 @@ from tiny import drafter_config, save_tiny_pair, tiny_drafter
 
 from dflash_core.errors import CheckpointError, CompatibilityError
 from dflash_vllm.environment import EXCLUDED, runtime_requirements
-from dflash_vllm.layout import cpu_threads_env, launch_command, speculative_config, vllm_config
+from dflash_vllm.layout import (CPU_KV_CACHE_BYTES, cpu_server_args, cpu_threads_env, launch_command, speculative_config,
+                                vllm_config)
 from dflash_vllm.preflight import check_draft_dir, check_pair, pair_problems
 
 
@@ -60,6 +61,19 @@ def test_a_cpu_of_few_cores_gives_the_model_every_core_and_keeps_what_the_caller
     kept = cpu_threads_env([0, 1], {"OMP_WAIT_POLICY": "ACTIVE", "VLLM_CPU_OMP_THREADS_BIND": "auto"})
     assert kept == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
     assert cpu_threads_env(list(range(4)), {}) == {} == cpu_threads_env(list(range(64)), {})  # vLLM's own binding
+
+
+def test_a_cpu_launch_holds_the_kv_cache_of_one_request_of_the_models_full_length():
+    # Qwen2.5-Coder-1.5B: 28 layers, 2 KV heads of 128, 32,768 positions; vLLM refused 1 GiB ("1.81 GiB KV cache
+    # is needed" with one draft layer, fp32)
+    coder = {"num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2, "hidden_size": 1536,
+             "max_position_embeddings": 32768}
+    size = int(cpu_server_args(coder, 1, "fp32")[-1])
+    assert 1.81 * 2**30 < size < 1.05 * 1.82 * 2**30 and size % 2**20 == 0
+    assert int(cpu_server_args(coder, 0, "bf16")[-1]) < size / 1.9  # half the bytes, one layer fewer
+    demo = {"num_hidden_layers": 6, "num_attention_heads": 6, "num_key_value_heads": 2, "hidden_size": 384,
+            "head_dim": 64, "max_position_embeddings": 2048}
+    assert cpu_server_args(demo, 1, "fp32") == ["--enforce-eager", "--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES)]
 
 
 def test_pair_problems_are_one_line_each_and_the_last_layer_is_allowed():

@@ -38,8 +38,10 @@ from dflash_core.model.config import DFlashConfig
 VLLM_VERSION = "0.32.0"
 DEFAULT_DTYPE = "bf16"  # what vLLM serves DFlash in on a GPU; `dflash serve` picks fp32 on the CPU
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # `vllm serve` needs the distribution named vllm
-CPU_KV_CACHE_BYTES = 1 << 30  # else vLLM's CPU worker reserves 92% of RAM and refuses to start if it is not free
-CPU_SERVER_ARGS = ["--enforce-eager", "--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES)]
+# the KV cache of a CPU launch, at least (else vLLM's CPU worker reserves 92% of RAM and refuses to start if it
+# is not free); more where one request of the model's full length needs more (cpu_server_args)
+CPU_KV_CACHE_BYTES = 1 << 30
+KV_CACHE_MARGIN = 1.05  # over the exact need: vLLM rounds to whole blocks
 # Below this many cores the model gets all of them (cpu_threads_env)
 SMALL_CPU_CORES = 4
 
@@ -61,6 +63,25 @@ def cpu_threads_env(cores: list[int], environ: dict[str, str]) -> dict[str, str]
     wanted = {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(core) for core in sorted(cores)),
               "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "OMP_WAIT_POLICY": "PASSIVE"}
     return {name: value for name, value in wanted.items() if name not in environ}
+
+
+def kv_bytes_per_token(target_config: dict[str, Any], draft_layers: int, dtype: str) -> int:
+    """K and V of one token in every target layer and every draft layer (the drafter's layers are shaped like
+    the target's attention in vLLM's DFlash: the same KV heads and head size)."""
+    heads = target_config.get("num_key_value_heads") or target_config["num_attention_heads"]
+    head_dim = target_config.get("head_dim") or target_config["hidden_size"] // target_config["num_attention_heads"]
+    width = 2 if config_name(dtype) in ("bfloat16", "float16") else 4
+    return 2 * (target_config["num_hidden_layers"] + draft_layers) * heads * head_dim * width
+
+
+def cpu_server_args(target_config: dict[str, Any], draft_layers: int, dtype: str) -> list[str]:
+    """The arguments every CPU launch gets: eager mode, and a KV cache of CPU_KV_CACHE_BYTES, or enough for one
+    request of the model's full length where that is more (vLLM refuses to start otherwise: Qwen2.5-Coder-1.5B
+    with one draft layer needs 1.81 GiB in fp32 for its 32,768 positions)."""
+    positions = int(target_config.get("max_position_embeddings") or 0)
+    need = int(KV_CACHE_MARGIN * positions * kv_bytes_per_token(target_config, draft_layers, dtype))
+    size = max(CPU_KV_CACHE_BYTES, -(-need // (1 << 20)) * (1 << 20))  # whole MiB
+    return ["--enforce-eager", "--kv-cache-memory-bytes", str(size)]
 
 
 def num_speculative_tokens(config: DFlashConfig) -> int:

