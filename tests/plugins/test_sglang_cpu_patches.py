@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dflash_sglang import targets
 from dflash_sglang.cpu import STAND_IN_DIR
 from dflash_sglang.cpu.patches import PATCHES
 
@@ -105,7 +106,8 @@ def test_patches_are_registered_and_applied_on_the_cpu_engine_only():
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     preflight = "sglang.srt.arg_groups.speculative_hook._handle_dflash"
-    assert seen["plain"] == [preflight]  # without the CPU engine: only the draft-directory check
-    assert set(seen["cpu"]) == {preflight} | {p.target for p in PATCHES}
+    # without the CPU engine: the draft-directory check and the Qwen2 capture hook (dflash_sglang.targets)
+    assert seen["plain"] == sorted([preflight, targets.HOOK_TARGET])
+    assert set(seen["cpu"]) == {preflight, targets.HOOK_TARGET} | {p.target for p in PATCHES}
     assert set(seen["patched"]) == set(seen["cpu"]), "a patch target did not resolve in SGLang"
     assert seen["torch_native"]
