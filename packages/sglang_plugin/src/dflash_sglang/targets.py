@@ -17,8 +17,6 @@ HOOK_TARGET = ("sglang.srt.model_executor.model_runner_components.attention_back
 # the line of SGLang that refuses such a target (a test checks it is still there)
 EVIDENCE = ("sglang.srt.model_executor.model_runner_components.attention_backend_setup",
             '"one of which is required for DFLASH/DSPARK."')
-WHY = ("serves DFLASH on targets with EAGLE-3 capture but no DFLASH method (Qwen2): the same layers, "
-       "captured by set_eagle3_layers_to_capture(ids)")
 
 
 def lacks_dflash_capture(model) -> bool:
