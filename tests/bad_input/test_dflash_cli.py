@@ -210,7 +210,7 @@ ROWS = [
       build=lambda r: binary(r / "e.jsonl")),
     R("demo-heldout-latin1", DEMO, 2, "heldout.jsonl:2 is not UTF-8 text",
       build=lambda r: invalid_utf8(r / "heldout.jsonl")),
-    R("demo-no-models", [*DEMO[:2], "{root}/nothing"], 2, "no demo models in"),
+    R("demo-no-models", [*DEMO[:2], "{root}/nothing"], 2, "no target/config.json and no drafter/config.json in"),
     # ---- drafter weights: float dtype for the role, finite, complete --------------------------------------
     R("drafter-nan", GP, 2, "tensor 'norm.weight' holds NaN or infinite values",
       build=lambda r: edit_tensors(dw(r), set_tensor("norm.weight", lambda t: t * float("nan")))),

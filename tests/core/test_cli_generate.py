@@ -145,3 +145,26 @@ def test_demo_streams_and_measures_side_by_side(tmp_path, capsys):
     assert "3 held-out prompts: tau" in err and "identical to target alone: 3/3" in err
     notes = [line for line in err.splitlines() if line.startswith("note:")]
     assert all(line.startswith("note: drafter weights ") for line in notes), notes  # fp32: no dtype to explain
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}{{ '<|endoftext|>' + m['role'] + '\n' + m['content'] + '<|MASK|>' + '\n' }}"
+                 "{% endfor %}{% if add_generation_prompt %}{{ '<|endoftext|>assistant\n' }}{% endif %}")
+
+
+def test_demo_streams_a_chat_reply(tmp_path, capsys):
+    """A chat held-out set (the code pair's): the turns shown, the reply streamed through the chat template to its
+    end of turn or the token limit, measured against the target alone and identical to it; the first prompt."""
+    from transformers import AutoTokenizer
+
+    target, _ = save_tiny_pair(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(target)
+    chats = [[{"role": "user", "content": "def f(x):"}], [{"role": "user", "content": "import os"}]]
+    (tmp_path / "heldout.jsonl").write_text("".join(json.dumps({"messages": c}) + "\n" for c in chats))
+    code, out, err = _run(capsys, "demo", "--models", str(tmp_path), "--max-new-tokens", "12", "--dtype", "fp32",
+                          "--summary-prompts", "2")
+    assert code == 0, err
+    assert out.startswith("user: def f(x):\nassistant: ")
+    assert "held-out prompt #0 " in err and "identical to target alone: yes" in err
+    assert "2 held-out prompts: tau" in err and "identical to target alone: 2/2" in err

@@ -1,5 +1,6 @@
-"""The CPU fixes of dflash_vllm, each pinned: against a plain reference, against the vLLM line it answers,
-registered where vLLM registers its CPU stand-ins and nowhere else.
+"""The fixes of dflash_vllm, each pinned: the CPU ones against a plain reference, against the vLLM line they
+answer, registered where vLLM registers its CPU stand-ins and nowhere else; the whole-block one against the
+vLLM lines it answers, installed once (its effect on acceptance: test_vllm_serving.py).
 
 The end-to-end proof (vLLM's own server sampling the target's law with the fix, and not without
 it) is test_vllm_serving.py; here the broken stand-in is shown broken and the fix shown right on
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from dflash_vllm.cpu.patches import FIXES, expand_kernel_impl, skip_empty_top_k
+from dflash_vllm.drafting import EVIDENCE as WHOLE_BLOCK_EVIDENCE
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -145,3 +147,34 @@ print(json.dumps(register_cpu_fixes()))
 @needs_vllm
 def test_a_fix_named_in_the_skip_list_is_left_out():
     assert _run_in_vllm(SKIPPED) == ["top-k-empty-batch"]
+
+
+# ---- the whole-block fix (dflash_vllm.drafting: every platform) -------------------------------------
+
+
+@needs_vllm
+@pytest.mark.parametrize("evidence", WHOLE_BLOCK_EVIDENCE, ids=lambda e: e[0])
+def test_the_whole_block_fix_still_meets_the_vllm_code_it_answers(evidence):
+    module, text = evidence
+    site = next((ROOT / ".venv-vllm" / "lib").glob("python3*/site-packages"))
+    assert text in (site / (module.replace(".", "/") + ".py")).read_text(), (
+        f"whole-block: vLLM's {module} no longer has {text!r}; re-check how DFlash lays out its block")
+
+
+WHOLE_BLOCK = """
+import json, os
+from dflash_vllm.plugin import register
+from vllm.v1.spec_decode.dflash import DFlashProposer
+original = DFlashProposer.set_inputs_first_pass
+register(); register()  # vLLM may load plugins more than once in a process: wrapped once
+wrapped = DFlashProposer.set_inputs_first_pass
+os.environ["DFLASH_VLLM_SKIP_FIXES"] = "whole-block"
+from dflash_vllm.drafting import register_whole_block
+print(json.dumps({"fix": getattr(wrapped, "dflash_vllm_fix", None), "once": wrapped.__closure__[0].cell_contents is original,
+                  "skipped": register_whole_block()}))
+"""
+
+
+@needs_vllm
+def test_the_whole_block_fix_wraps_vllms_dflash_proposer_once_and_can_be_left_out():
+    assert _run_in_vllm(WHOLE_BLOCK) == {"fix": "whole-block", "once": True, "skipped": []}

@@ -54,6 +54,20 @@ def test_speculative_config_and_command_name_the_method_and_block_minus_one():
     assert vllm_config(sliding, "bf16")["is_causal"] is False and "is_causal" not in vllm_config(cfg, "bf16")
 
 
+def test_a_draft_length_schedules_k_for_every_batch_size_and_keeps_the_whole_block():
+    cfg = drafter_config(hidden=32, target_layers=8, layers=2, block_size=16, layer_ids=(1, 7))
+    spec = speculative_config("/m/draft", cfg, draft_length=3)
+    assert spec["num_speculative_tokens"] == 15  # vLLM reserves (and the plugin drafts) the whole block
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 1 << 16, 3]]
+    assert speculative_config("/m/draft", cfg, draft_length=15) == speculative_config("/m/draft", cfg)
+    for bad in (0, 16):
+        with pytest.raises(ValueError, match="expected 1..15"):
+            speculative_config("/m/draft", cfg, draft_length=bad)
+    command = launch_command("/m/target", "/m/draft", cfg, draft_length=5)
+    assert json.loads(command[command.index("--speculative-config") + 1])["num_speculative_tokens_per_batch_size"] == [
+        [1, 1 << 16, 5]]
+
+
 def test_a_cpu_of_few_cores_gives_the_model_every_core_and_keeps_what_the_caller_set():
     assert cpu_threads_env([0, 1], {}) == {"VLLM_CPU_OMP_THREADS_BIND": "0,1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
                                          "OMP_WAIT_POLICY": "PASSIVE"}

@@ -60,11 +60,11 @@ def dflash(*args: str, cwd: Path, timeout: float = 600, env: dict | None = None)
                           timeout=timeout, env=env)
 
 
-def start_server(cwd: Path, env: dict | None = None) -> SimpleNamespace:
-    """`dflash serve --engine vllm` of the demo pair on the CPU, returned once it printed its URL."""
+def start_server(cwd: Path, env: dict | None = None, args: tuple[str, ...] = ()) -> SimpleNamespace:
+    """`dflash serve --engine vllm` of the demo pair on the CPU (and `args`), returned once it printed its URL."""
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "dflash_cli", "serve", "--engine", "vllm", "--target",
-                                str(TARGET), "--drafter", str(DRAFTER), "--device", "cpu", "--port", str(port),
+                                str(TARGET), "--drafter", str(DRAFTER), "--device", "cpu", "--port", str(port), *args,
                                 "--", "--chat-template", str(CHAT_TEMPLATE), "--served-model-name", MODEL],
                                cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, **(env or {})})
@@ -295,6 +295,37 @@ def test_without_the_sampler_fix_the_same_test_fails(workdir, law):
         "is the fix still needed?")
 
 
+# ---- a shorter verify: --draft-length ------------------------------------------------------------------
+
+
+def accepted_length(server, texts: list[str], oracle) -> tuple[float, float]:
+    """Greedy completions of `texts` (checked equal to the target's), and over them vLLM's mean accepted length
+    per verify step and its drafts verified per step."""
+    before = ask(server, "metrics", [])
+    results = ask(server, "completions", texts, concurrency=4)
+    after = ask(server, "metrics", [])
+    assert [r["ids"] for r in results] == [oracle(t).tokens for t in texts]
+    grew = {name: after[name] - before.get(name, 0) for name in after}
+    steps = grew["spec_decode_num_drafts_total"]
+    return 1 + grew["spec_decode_num_accepted_tokens_total"] / steps, grew["spec_decode_num_draft_tokens_total"] / steps
+
+
+def test_a_shorter_draft_length_verifies_the_first_drafts_of_the_whole_block(workdir, oracle):
+    """`--draft-length 3`: every step verifies 3 drafts, the target's output unchanged; they are the first 3 of the
+    drafter's whole block (the plugin's `whole-block` fix), which keeps more of them than the block of 4 vLLM
+    lays out from k alone (the same server without that fix, its negative control)."""
+    texts = prompts()
+    measured = {}
+    for label, env in (("whole block", None), ("k alone", {"DFLASH_VLLM_SKIP_FIXES": "whole-block"})):
+        server = start_server(workdir, env=env, args=("--draft-length", "3"))
+        try:
+            measured[label] = accepted_length(server, texts, oracle)
+        finally:
+            stop_server(server)
+    assert all(per_step == 3 for _, per_step in measured.values()), measured
+    assert measured["whole block"][0] > measured["k alone"][0] + 0.3, measured
+
+
 # ---- launch, refusal, death, Ctrl-C ----------------------------------------------------------------
 
 
@@ -342,6 +373,10 @@ def test_print_command_and_a_missing_vllm_environment(workdir, tmp_path):
     missing = dflash("serve", "--engine", "vllm", "--target", str(TARGET), "--drafter", str(DRAFTER),
                      "--vllm-python", str(tmp_path / "none" / "python"), cwd=tmp_path)
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "make vllm-env" in missing.stderr
+    for engine, k, says in (("vllm", "16", "--draft-length 16: expected 1..15"), ("sglang", "3", "is for --engine vllm")):
+        bad = dflash("serve", "--engine", engine, "--target", str(TARGET), "--drafter", str(DRAFTER), "--draft-length",
+                     k, "--print-command", cwd=workdir)
+        assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and says in bad.stderr, bad.stderr
 
 
 def test_ctrl_c_stops_the_server_and_everything_it_started(server):

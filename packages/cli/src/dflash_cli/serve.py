@@ -36,6 +36,9 @@ def add_parser(commands) -> None:
                         "(default: .venv-sglang of the repository, or $DFLASH_SGLANG_PYTHON)")
     p.add_argument("--vllm-python", default=None,
                    help="python of the vLLM environment (default: .venv-vllm of the repository, or $DFLASH_VLLM_PYTHON)")
+    p.add_argument("--draft-length", type=flags.integer(1), default=None, metavar="K",
+                   help="vllm: verify the first K of the block's drafts each step (default: all of them; on a CPU "
+                        "serving sampled requests K=3 paid best on the demo pair, docs/benchmarks.md)")
     p.add_argument("--timeout", type=flags.number(above=0.0), default=900.0, help="seconds to wait for /health")
     p.add_argument("engine_args", nargs=argparse.REMAINDER, metavar="-- ENGINE_ARGS",
                    help="further arguments for the engine's server (sglang.launch_server, vLLM's api_server), after --")
@@ -56,6 +59,10 @@ def run(args) -> int:
     extra = args.engine_args[1:] if args.engine_args[:1] == ["--"] else args.engine_args
     engine_python = {"vllm_python": args.vllm_python} if args.engine == "vllm" else {"sglang_python": args.sglang_python}
     port = args.port or (8000 if args.engine == "vllm" else 30000)
+    if args.draft_length is not None:
+        if args.engine != "vllm":
+            raise DFlashError("--draft-length is for --engine vllm; SGLang's DFLASH verifies the drafter's whole block.")
+        engine_python["draft_length"] = args.draft_length
     try:
         return serve(args.target, args.drafter, port=port, device=args.device, dtype=args.dtype,
                      print_command=args.print_command, extra=extra, timeout=args.timeout, **engine_python)

@@ -42,6 +42,8 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # `vllm serve` needs the d
 # is not free); more where one request of the model's full length needs more (cpu_server_args)
 CPU_KV_CACHE_BYTES = 1 << 30
 KV_CACHE_MARGIN = 1.05  # over the exact need: vLLM rounds to whole blocks
+# The end of the one batch-size range of a fixed draft length (vLLM caps it at its max_num_seqs)
+MAX_BATCH = 1 << 16
 # Below this many cores the model gets all of them (cpu_threads_env)
 SMALL_CPU_CORES = 4
 
@@ -89,16 +91,28 @@ def num_speculative_tokens(config: DFlashConfig) -> int:
     return config.block_size - 1
 
 
-def speculative_config(draft_dir: str, config: DFlashConfig) -> dict[str, Any]:
+def speculative_config(draft_dir: str, config: DFlashConfig, draft_length: int | None = None) -> dict[str, Any]:
     """The --speculative-config vLLM's DFlash proposer reads.
 
     Drafts are sampled from the drafter at T > 0 (`draft_sample_method: probabilistic`; vLLM's default
     drafts the argmax and accepts it with the target's p alone): a drafter trained to match the target's
     law keeps more of its drafts that way. Demo pair, T = 1, one user, 16 dev prompts, 2-core Zen 4:
     accepted length 1.36 -> 1.97, 83 -> 96 tok/s (docs/benchmarks.md). Greedy requests are unchanged.
+
+    `draft_length` k (1 .. block - 1; None: the whole block): every step verifies the first k of the block's
+    drafts. vLLM still reserves and drafts the whole block (`num_speculative_tokens` stays block - 1, the
+    plugin's `drafting` fix keeps the drafter's block whole) and schedules k for every batch size through its
+    dynamic speculative decoding (`num_speculative_tokens_per_batch_size`). Where drafts are accepted rarely
+    (sampling) a short verify costs less than the drafts it drops.
     """
-    return {"method": "dflash", "model": draft_dir, "num_speculative_tokens": num_speculative_tokens(config),
+    spec = {"method": "dflash", "model": draft_dir, "num_speculative_tokens": num_speculative_tokens(config),
             "draft_sample_method": "probabilistic"}
+    if draft_length is not None and draft_length != spec["num_speculative_tokens"]:
+        if not 1 <= draft_length < spec["num_speculative_tokens"]:
+            raise ValueError(f"draft length {draft_length}: expected 1..{spec['num_speculative_tokens']} "
+                             f"(the drafter's block of {config.block_size} less its first token)")
+        spec["num_speculative_tokens_per_batch_size"] = [[1, MAX_BATCH, draft_length]]
+    return spec
 
 
 def vllm_config(config: DFlashConfig, dtype: str) -> dict[str, Any]:
@@ -118,12 +132,13 @@ def mixed_attention(config: DFlashConfig) -> bool:
 
 
 def launch_command(target: str, draft_dir: str | None, config: DFlashConfig | None, *, dtype: str = DEFAULT_DTYPE,
-                   port: int = 8000, tokenizer: str | None = None, extra: list[str] | None = None) -> list[str]:
+                   port: int = 8000, tokenizer: str | None = None, extra: list[str] | None = None,
+                   draft_length: int | None = None) -> list[str]:
     """`python -m vllm.entrypoints.openai.api_server ...` serving `target` with this drafter through native dflash;
     with no drafter (`draft_dir` and `config` None), the same server decoding plainly (a benchmark's baseline)."""
     command = ["python", "-m", SERVER_MODULE, "--model", target]
     if draft_dir is not None and config is not None:
-        command += ["--speculative-config", json.dumps(speculative_config(draft_dir, config))]
+        command += ["--speculative-config", json.dumps(speculative_config(draft_dir, config, draft_length))]
     command += ["--dtype", config_name(dtype), "--port", str(port)]
     if tokenizer:
         command += ["--tokenizer", tokenizer]

@@ -1,9 +1,10 @@
 """Entry point of the `vllm.general_plugins` group, called (without arguments) in every vLLM process.
 
-vLLM 0.32 serves DFlash natively, so nothing is replaced there; on its CPU build the plugin installs
-the fixes of `cpu.patches` (the stand-ins of Triton kernels that vLLM registers when a worker starts).
-Where vLLM runs Triton itself, nothing is installed. Checks of the drafter run before vLLM starts
-(`dflash serve`, preflight.py), not here.
+vLLM 0.32 serves DFlash natively; the plugin makes its drafter draft the whole block it was trained on
+whatever draft length a step schedules (`drafting`, every platform), and on vLLM's CPU build installs the
+fixes of `cpu.patches` (the stand-ins of Triton kernels that vLLM registers when a worker starts; where vLLM
+runs Triton itself, none). Checks of the drafter run before vLLM starts (`dflash serve`, preflight.py), not
+here.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ def register() -> None:
         logger.info("dflash-vllm plugin loaded (vllm not importable: nothing installed)")
         return
     from .cpu.patches import register_cpu_fixes
+    from .drafting import register_whole_block
 
-    fixed = register_cpu_fixes()
+    fixed = register_whole_block() + register_cpu_fixes()
     # under vLLM's own logger, so that the line reaches its log
     logging.getLogger("vllm.dflash_vllm").info("dflash-vllm plugin loaded%s",
-                                               f"; CPU fixes: {', '.join(fixed)}" if fixed else "")
+                                               f"; fixes: {', '.join(fixed)}" if fixed else "")

