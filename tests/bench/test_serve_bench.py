@@ -155,6 +155,19 @@ def test_the_report_is_written_whole_with_ratios_to_plain(demo, tmp_path):
     assert "server environment added by the plugin: vllm-dflash: OMP_WAIT_POLICY=PASSIVE" in md.read_text()
 
 
+def test_a_vllm_engine_of_k_drafts_a_step_is_named_and_compared_with_plain_vllm():
+    from dflash_bench.serve_engines import known_engine, plain_of
+
+    assert known_engine("vllm-dflash-k3") and known_engine("vllm-dflash-k15") and not known_engine("sglang-dflash-k3")
+    assert not known_engine("vllm-dflash-k0") and not known_engine("vllm-dflash-k")
+    assert plain_of("vllm-dflash-k3") == plain_of("vllm-dflash") == "vllm-plain" and plain_of("core") == "core-plain"
+    assert plain_of("vllm-plain") is None
+    rows = [{"engine": "vllm-plain", "concurrency": 1, "total_tok_s": 100.0, "per_user_tok_s": 100.0},
+            {"engine": "vllm-dflash-k3", "concurrency": 1, "total_tok_s": 110.0, "per_user_tok_s": 110.0}]
+    serve_report.add_ratios(rows)
+    assert rows[1]["vs_plain_total"] == pytest.approx(1.1) and "vs_plain_total" not in rows[0]
+
+
 # ---- refusals: one line, non-zero exit -------------------------------------------------------------------------
 
 
@@ -174,8 +187,9 @@ def closed_port() -> int:
     (["--concurrency", "1,0"], "--concurrency"),
     (["--concurrency", "two"], "--concurrency"),
     (["--engines", "vllm-dflash,tgi"], "'tgi'"),
+    (["--engines", "vllm-dflash-k0"], "'vllm-dflash-k0'"),
     (["--pair", "nowhere"], "--pair nowhere"),
-], ids=["unreachable-url", "zero-users", "not-a-number", "unknown-engine", "unknown-pair"])
+], ids=["unreachable-url", "zero-users", "not-a-number", "unknown-engine", "no-drafts-engine", "unknown-pair"])
 def test_bad_input_is_one_line_and_a_non_zero_exit(tmp_path, args, words):
     args = [a.format(port=closed_port()) for a in args]
     done = dflash(*args, "--out", str(tmp_path / "out"), cwd=ROOT)

@@ -82,7 +82,8 @@ def _add_serve_parser(kinds):
     s = kinds.add_parser("serve", help="N concurrent streamed users per engine (vLLM, SGLang plain and DFlash; the "
                                        "core's loop): throughput, speed per user, TTFT, acceptance, lossless outputs")
     s.add_argument("--engines", default="vllm-plain,vllm-dflash,core-plain,core",
-                   help="engines started in turn (vllm-plain, vllm-dflash, sglang-plain, sglang-dflash, core-plain, "
+                   help="engines started in turn (vllm-plain, vllm-dflash, vllm-dflash-kK: K drafts verified a step, "
+                        "sglang-plain, sglang-dflash, core-plain, "
                         "core); '' with --url: only the server there (default %(default)s)")
     s.add_argument("--concurrency", type=flags.listed(flags.integer(1), "integers >= 1"), default=[1, 2, 4, 8, 16],
                    help="concurrent users, e.g. 1,2,4,8,16 (the default)")

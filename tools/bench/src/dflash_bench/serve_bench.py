@@ -37,7 +37,8 @@ from dflash_core.tuning.plan import Tuning
 from . import serve_report
 from .e2e import OutputMismatch, encode_prompts
 from .methods import first_difference
-from .serve_engines import ENGINES, IN_PROCESS, SERVED, CoreEngine, Engine, EngineRun, Request, ServedEngine, started
+from .serve_engines import (ENGINES, IN_PROCESS, CoreEngine, Engine, EngineRun, Request, ServedEngine, known_engine,
+                            started)
 from .serve_client import Reply
 
 WARMUP_TOKENS = 8
@@ -63,9 +64,9 @@ class Reference:
 
 def check_request(engines: Sequence[str], concurrency: Sequence[int], url: str | None, api: str) -> None:
     """Refuse, in one line, what cannot run (before anything loads or starts)."""
-    unknown = [e for e in engines if e not in ENGINES]
+    unknown = [e for e in engines if not known_engine(e)]
     if unknown:
-        raise DFlashError(f"--engines names {unknown[0]!r}; expected some of {', '.join(ENGINES)}.")
+        raise DFlashError(f"--engines names {unknown[0]!r}; expected some of {', '.join(ENGINES)}, vllm-dflash-kK.")
     if not engines and not url:
         raise DFlashError("nothing to measure: give --engines, --url, or both.")
     bad = [n for n in concurrency if isinstance(n, bool) or not isinstance(n, int) or n < 1]
@@ -208,7 +209,7 @@ def run(out: Path, name: str, spec: ServePair, prompts_file: Path, *, engines: S
             rows += measure(engine, ids, concurrency, request, reference)
     path = serve_report.write(out, name, rows, title=title, command=command, pair=spec.label, prompts_file=prompts_file,
                               prompts=len(texts), request=asdict(request), dtype=dtype,
-                              served=[e for e in engines if e in SERVED] + ([label] if url else []))
+                              served=[e for e in engines if e not in IN_PROCESS] + ([label] if url else []))
     problems = [f"{r['engine']} failed at N={r['concurrency']}" for r in rows if "failed" in r]
     problems += [f"{r['engine']} at N={r['concurrency']}: {r['requests'] - r['identical']} of {r['requests']} outputs "
                  f"differ from the target alone's" for r in rows if r.get("mismatches") and dtype == "fp32"]

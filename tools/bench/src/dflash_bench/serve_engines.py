@@ -1,9 +1,10 @@
 """The engines `dflash bench serve` measures, each answering one run of N concurrent users the same way.
 
-- served (`vllm-plain`, `vllm-dflash`, `sglang-plain`, `sglang-dflash`, or any server at `--url`): the
-  engine's own OpenAI server, started here through its plugin (`dflash_vllm.serve.launch_for`,
-  `dflash_sglang.serve.launch_for`: plain is the same launch without a drafter) and stopped after its
-  runs, or already running; N streaming clients (`serve_client.run_clients`).
+- served (`vllm-plain`, `vllm-dflash`, `vllm-dflash-kK`, `sglang-plain`, `sglang-dflash`, or any server at
+  `--url`): the engine's own OpenAI server, started here through its plugin (`dflash_vllm.serve.launch_for`,
+  `dflash_sglang.serve.launch_for`: plain is the same launch without a drafter; `vllm-dflash-kK` verifies the
+  first K drafts of the block each step, `dflash serve --draft-length K`) and stopped after its runs, or
+  already running; N streaming clients (`serve_client.run_clients`).
 - in-process (`core`, `core-plain`): the core's batched loop, the prompts taken N at a time and decoded
   together by `generate_stream` (`core`: its defaults; `core-plain`: k = 0 every step, the target alone
   through the same loop); a row's first token is the prefill's, its last the step that ended it.
@@ -17,6 +18,7 @@ k = 0, included).
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import time
 from dataclasses import dataclass
@@ -36,6 +38,18 @@ from .serve_client import (VLLM_ACCEPTED, VLLM_DRAFT_STEPS, CompletionJob, Reply
 SERVED = ("vllm-plain", "vllm-dflash", "sglang-plain", "sglang-dflash")
 IN_PROCESS = ("core-plain", "core")
 ENGINES = SERVED + IN_PROCESS
+DRAFT_LENGTH = re.compile(r"vllm-dflash-k([1-9][0-9]*)")  # vllm-dflash verifying K drafts a step
+
+
+def known_engine(name: str) -> bool:
+    return name in ENGINES or DRAFT_LENGTH.fullmatch(name) is not None
+
+
+def plain_of(name: str) -> str | None:
+    """The plain engine a speculative one is compared with (None: it is plain, or has none)."""
+    if DRAFT_LENGTH.fullmatch(name):
+        return "vllm-plain"
+    return {"vllm-dflash": "vllm-plain", "sglang-dflash": "sglang-plain", "core": "core-plain"}.get(name)
 # every served engine: one model name whatever the path, so a URL's listing and the requests agree
 SERVED_NAME = ["--served-model-name", "served"]
 
@@ -108,9 +122,11 @@ def sglang_accepted_length(replies: list[Reply]) -> float | None:
 @contextlib.contextmanager
 def started(name: str, target: Path, drafter: Path, *, dtype: str, cache: Path,
             timeout: float = 900) -> Iterator[ServedEngine]:
-    """Start engine `name` (one of SERVED) through its plugin on a free port, yield it once /health answers,
+    """Start engine `name` (one of SERVED, or vllm-dflash-kK) through its plugin on a free port, yield it once
+    /health answers,
     stop it (its whole process group) on the way out. Converted drafters and the log go to cache/ENGINE/."""
-    engine, method = name.split("-")
+    engine, method = name.split("-")[:2]
+    k = DRAFT_LENGTH.fullmatch(name)
     try:
         from dflash_serving.supervise import Server
 
@@ -123,7 +139,7 @@ def started(name: str, target: Path, drafter: Path, *, dtype: str, cache: Path,
                           f"(pip install -e packages/{engine}_plugin).") from None
     cache = cache / engine  # each engine's converted drafters apart (one key per drafter and dtype)
     launch = launch_for(target, drafter if method == "dflash" else None, port=_free_port(), dtype=dtype,
-                        extra=SERVED_NAME, cache=cache)
+                        extra=SERVED_NAME, cache=cache, **({"draft_length": int(k.group(1))} if k else {}))
     server = Server(launch, cache / "logs" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.log")
     try:
         server.wait_ready(timeout)

@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from .report import plot_lines, write_report
+from .serve_engines import plain_of
 
 COLUMNS = ["engine", "N", "total tok/s", "tok/s per user", "TTFT mean / p90 (ms)", "mean accepted length",
            "vs plain: total / per user", "identical to the target alone"]
-# a speculative engine and the same engine without drafts
-PLAIN_OF = {"vllm-dflash": "vllm-plain", "sglang-dflash": "sglang-plain", "core": "core-plain"}
 
 
 def add_ratios(rows: list[dict]) -> None:
@@ -17,7 +16,7 @@ def add_ratios(rows: list[dict]) -> None:
     measured = [r for r in rows if "failed" not in r]
     plain = {(r["engine"], r["concurrency"]): r for r in measured}
     for row in measured:
-        base = plain.get((PLAIN_OF.get(row["engine"]), row["concurrency"]))
+        base = plain.get((plain_of(row["engine"]), row["concurrency"]))
         if base is not None:
             row["vs_plain_total"] = row["total_tok_s"] / base["total_tok_s"]
             row["vs_plain_per_user"] = row["per_user_tok_s"] / base["per_user_tok_s"]
