@@ -369,6 +369,10 @@ def test_print_command_and_a_missing_vllm_environment(workdir, tmp_path):
     line = done.stdout.strip()
     assert "-m vllm.entrypoints.openai.api_server" in line and '"method": "dflash"' in line
     assert '"num_speculative_tokens": 15' in line and "--dtype float32 --port 8000 --enforce-eager" in line
+    assert '"num_speculative_tokens_per_batch_size": [[1, 65536, 3]]' in line  # a CPU verifies 3 a step unless told
+    whole = dflash("serve", "--engine", "vllm", "--target", str(TARGET), "--drafter", str(DRAFTER), "--device", "cpu",
+                   "--draft-length", "15", "--print-command", cwd=workdir)
+    assert whole.returncode == 0 and "per_batch_size" not in whole.stdout, whole.stderr
     assert before == {p.name: p.read_bytes() for p in DRAFTER.iterdir()}, "the drafter was modified"
     missing = dflash("serve", "--engine", "vllm", "--target", str(TARGET), "--drafter", str(DRAFTER),
                      "--vllm-python", str(tmp_path / "none" / "python"), cwd=tmp_path)

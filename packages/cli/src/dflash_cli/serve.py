@@ -37,8 +37,8 @@ def add_parser(commands) -> None:
     p.add_argument("--vllm-python", default=None,
                    help="python of the vLLM environment (default: .venv-vllm of the repository, or $DFLASH_VLLM_PYTHON)")
     p.add_argument("--draft-length", type=flags.integer(1), default=None, metavar="K",
-                   help="vllm: verify the first K of the block's drafts each step (default: all of them; on a CPU "
-                        "serving sampled requests K=3 paid best on the demo pair, docs/benchmarks.md)")
+                   help="vllm: verify the first K of the block's drafts each step (default: 3 on a CPU, the whole "
+                        "block on a GPU; docs/benchmarks.md, 'Served concurrency')")
     p.add_argument("--timeout", type=flags.number(above=0.0), default=900.0, help="seconds to wait for /health")
     p.add_argument("engine_args", nargs=argparse.REMAINDER, metavar="-- ENGINE_ARGS",
                    help="further arguments for the engine's server (sglang.launch_server, vLLM's api_server), after --")

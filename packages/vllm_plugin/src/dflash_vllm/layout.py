@@ -44,6 +44,12 @@ CPU_KV_CACHE_BYTES = 1 << 30
 KV_CACHE_MARGIN = 1.05  # over the exact need: vLLM rounds to whole blocks
 # The end of the one batch-size range of a fixed draft length (vLLM caps it at its max_num_seqs)
 MAX_BATCH = 1 << 16
+# Drafts verified a step on a CPU unless told (`dflash serve --draft-length`): measured on a 2-core Zen 4, fp32,
+# against the whole block of 15 (docs/benchmarks.md, "Served concurrency"): demo pair greedy 1.70-1.77x plain
+# at 1-2 users and 0.90x at 16 (whole block 1.71x / 1.56x / 0.64x), T=1 one user 0.97x (0.75x); SmolLM2 1.55x
+# / 1.12x at 1 / 4 users (1.22x / 0.53x). A verify of 16 tokens a request costs a CPU several tokens' time,
+# 4 about one. On a GPU vLLM verifies the whole block, its own default.
+CPU_DRAFT_LENGTH = 3
 # Below this many cores the model gets all of them (cpu_threads_env)
 SMALL_CPU_CORES = 4
 

@@ -37,7 +37,8 @@ def launch_for(target: str | Path, drafter: str | Path | None, *, port: int = 80
                cache: Path = DEFAULT_CACHE, draft_length: int | None = None) -> Launch:
     """The launch `serve` runs, after every check (a converted drafter cached under `cache`/drafters);
     `drafter` None: the same server without speculative decoding (the plain baseline of `dflash bench serve`);
-    `draft_length` k: each step verifies the first k drafts of the block (None: all; `layout.speculative_config`)."""
+    `draft_length` k: each step verifies the first k drafts of the block (None: the device's default,
+    `serving.build_launch`)."""
     target_dir = check_target(target)
     if drafter is not None and is_vllm_draft_dir(Path(drafter)):
         check_draft_dir(drafter)  # a damaged converted directory: one line, before anything starts

@@ -17,7 +17,8 @@ from dflash_serving.drafters import converted_for
 from dflash_serving.drafters import prepare_drafter as prepare_converted
 from dflash_serving.launch import EngineEnv, Launch, ServeError, check_target, served_dtype
 
-from .layout import VLLM_VERSION, cpu_server_args, cpu_threads_env, launch_command, num_speculative_tokens
+from .layout import (CPU_DRAFT_LENGTH, VLLM_VERSION, cpu_server_args, cpu_threads_env, launch_command,
+                     num_speculative_tokens)
 from .preflight import check_draft_dir, check_pair
 
 __all__ = ["Launch", "ServeError", "build_launch", "check_target", "find_vllm_python", "is_vllm_draft_dir",
@@ -70,7 +71,8 @@ def build_launch(target: Path, draft_dir: Path | None, *, device: str, dtype: st
                  extra: list[str] | None = None, python: Path | None = None, draft_length: int | None = None) -> Launch:
     """The `python -m vllm.entrypoints.openai.api_server --speculative-config {dflash}` launch for this device,
     after the pair's checks (one line if vLLM's dflash will not work); `draft_dir` None: the same server
-    without speculative decoding (the plain baseline of `dflash bench serve`)."""
+    without speculative decoding (the plain baseline of `dflash bench serve`). `draft_length`: drafts verified
+    a step (None: CPU_DRAFT_LENGTH on a CPU, the whole block on a GPU)."""
     config = tokenizer = None
     if draft_dir is not None:
         config = check_pair(draft_dir, target, eagle3_target=facts.get("eagle3_target"), device=device,
@@ -80,6 +82,8 @@ def build_launch(target: Path, draft_dir: Path | None, *, device: str, dtype: st
         if draft_length is not None and not 1 <= draft_length <= most:
             raise ServeError(f"--draft-length {draft_length}: expected 1..{most} (the drafter's block of "
                              f"{config.block_size} less the token it starts from).")
+        if draft_length is None and device == "cpu":
+            draft_length = min(CPU_DRAFT_LENGTH, most)
     command = launch_command(str(target), None if draft_dir is None else str(draft_dir), config, dtype=dtype,
                              port=port, tokenizer=str(tokenizer) if tokenizer and tokenizer.is_dir() else None,
                              extra=(_cpu_args(target, config, dtype) if device == "cpu" else []) + list(extra or []),
