@@ -46,8 +46,6 @@ def drafts_whole_block(original: Callable) -> Callable:
     return set_inputs_first_pass
 
 
-WHY = ("vLLM lays out the drafter's block from the step's draft length, so a shorter k gives the drafter a block it "
-       "was never trained on and worse drafts; it now drafts its whole block and the first k are verified")
 # the vLLM lines it answers: the block laid out from the step's k, and that k set from the scheduler's
 EVIDENCE = (("vllm.v1.spec_decode.dflash", "num_query_per_req = 1 + self.num_speculative_tokens"),
             ("vllm.v1.spec_decode.llm_base_proposer", "self.num_speculative_tokens = num_speculative_tokens"),

@@ -61,6 +61,9 @@ def _notes(name: str, *, pair: str, prompts_file: Path, prompts: int, request: d
         notes.append("identical: every output against the target alone's greedy decoding (the core's "
                      "`generate_autoregressive`, one prompt at a time, the same ids and stop tokens), token for token "
                      "where the engine returns ids (vLLM, the core), else character for character (SGLang)")
+    if any(e.startswith("vllm-dflash") for e in served):
+        notes.append("vllm-dflash: `dflash serve --engine vllm` (on a CPU 3 drafts verified a step, on a GPU the whole "
+                     "block); vllm-dflash-kK: the same with --draft-length K (K drafts of the drafter's whole block)")
     if t > 0 and any(e.startswith("sglang") for e in served):
         notes.append("SGLang on a CPU verifies drafts greedily at any temperature (docs/sglang-cpu.md): its T > 0 "
                      "output is not a sample of the target")
